@@ -1,0 +1,454 @@
+//! `Communicator`: one rank of an all-reduce group. Validation, planning and the launch.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cudarc::driver::{result, sys, CudaContext, CudaStream, DevicePtr, DevicePtrMut};
+
+use crate::driver::host::ErrorWord;
+use crate::driver::probe;
+use crate::driver::vmm::{self, Allocation};
+use crate::dtype::{DType, Element};
+use crate::error::{BarrierPhase, CudaResultExt, Error, Result};
+use crate::kernels::{Kernels, SymmArgs};
+use crate::plan::{self, Algorithm, CallShape, Config, Limits, Plan, THREADS_PER_BLOCK};
+use crate::symmetric::{Layout, Workspace, DATA_OFFSET, SIGNAL_OFFSET, STATE_OFFSET};
+
+const ERROR_PEER_TIMEOUT: u32 = 1;
+
+/// One rank of an all-reduce group.
+///
+/// A communicator is `Send` but not `Sync`: it can move to another thread, but two threads
+/// can never drive one rank at the same time (the compiler refuses to share it):
+///
+/// ```compile_fail
+/// fn shared_between_threads<T: Sync>() {}
+/// shared_between_threads::<symm_allreduce::Communicator>();
+/// ```
+///
+/// Every call is asynchronous on the stream it is given and CUDA-graph capturable: it does no
+/// allocation, no host synchronisation and no driver call other than the kernel launch.
+#[derive(Debug)]
+pub struct Communicator {
+    // Field order is drop order: the workspace is unmapped only after `Drop` synchronised.
+    workspace: Workspace,
+    error: ErrorWord,
+    kernels: Arc<Kernels>,
+    ctx: Arc<CudaContext>,
+    args: SymmArgs,
+    rank: usize,
+    world: usize,
+    limits: Limits,
+    config: Config,
+    poisoned: RefCell<Option<String>>,
+}
+
+impl Communicator {
+    /// Creates a group of `contexts.len()` ranks in this process, rank r on `contexts[r]`.
+    /// Ranks may share a device ("virtual ranks": each has its own mapping of every peer's
+    /// memory and its own stream, and the kernels really synchronise across grids).
+    ///
+    /// Every rank's allocation is exported as a POSIX file descriptor and imported by every
+    /// other rank, the same path separate processes take.
+    pub fn local_group(contexts: &[Arc<CudaContext>], config: Config) -> Result<Vec<Communicator>> {
+        config.validate()?;
+        let world = contexts.len();
+        plan::validate_world(world)?;
+        probe::device_count()?;
+
+        // Kernels, capability checks and residency limits, per distinct device.
+        let mut per_device: HashMap<usize, (Arc<Kernels>, usize)> = HashMap::new();
+        let mut ranks_on: HashMap<usize, usize> = HashMap::new();
+        for ctx in contexts {
+            *ranks_on.entry(ctx.ordinal()).or_default() += 1;
+        }
+        let mut limits: Option<Limits> = None;
+        let mut granularity = 1usize;
+        for ctx in contexts {
+            let ordinal = ctx.ordinal();
+            if per_device.contains_key(&ordinal) {
+                continue;
+            }
+            ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+            check_device(ctx)?;
+            let kernels = Arc::new(Kernels::load(ctx)?);
+            let sms = ctx
+                .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                .during("cuDeviceGetAttribute")? as usize;
+            let (one, two) = kernels.blocks_per_sm(THREADS_PER_BLOCK)?;
+            let l = Limits::from_occupancy(one, two, sms, ranks_on[&ordinal], &config)?;
+            limits = Some(limits.map_or(l, |m| m.min(l)));
+            granularity = granularity.max(vmm::granularity(ordinal)?);
+            per_device.insert(ordinal, (kernels, sms));
+        }
+        let limits = limits.expect("world >= 1");
+        check_peer_access(contexts)?;
+
+        let layout = Layout::new(config.capacity_bytes, granularity);
+        let mut owns = Vec::with_capacity(world);
+        for ctx in contexts {
+            ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+            owns.push(Allocation::create(ctx.ordinal(), layout.alloc_bytes)?);
+        }
+        let fds = owns
+            .iter()
+            .map(Allocation::export_fd)
+            .collect::<Result<Vec<_>>>()?;
+
+        let mut comms = Vec::with_capacity(world);
+        for (rank, (ctx, own)) in contexts.iter().zip(owns).enumerate() {
+            ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+            let mut peers = Vec::with_capacity(world - 1);
+            for (q, fd) in fds.iter().enumerate() {
+                if q != rank {
+                    peers.push((q, Allocation::import_fd(fd.as_fd(), layout.alloc_bytes)?));
+                }
+            }
+            let workspace = Workspace::map(rank, own, peers, layout, ctx.ordinal())?;
+            let error = ErrorWord::new()?;
+            let args = SymmArgs {
+                base: workspace.base(),
+                stride: layout.alloc_bytes as u64,
+                signal_offset: SIGNAL_OFFSET as u64,
+                state_offset: STATE_OFFSET as u64,
+                data_offset: DATA_OFFSET as u64,
+                data_bytes: layout.data_bytes as u64,
+                error: error.device_ptr(),
+                timeout_ns: config.timeout.as_nanos().min(u64::MAX as u128) as u64,
+                rank: rank as u32,
+                world: world as u32,
+            };
+            comms.push(Communicator {
+                workspace,
+                error,
+                kernels: per_device[&ctx.ordinal()].0.clone(),
+                ctx: ctx.clone(),
+                args,
+                rank,
+                world,
+                limits,
+                config: config.clone(),
+                poisoned: RefCell::new(None),
+            });
+        }
+        // Zeroed signal pads must be in place before any rank's first kernel.
+        for ctx in contexts {
+            ctx.synchronize().during("cuCtxSynchronize")?;
+        }
+        Ok(comms)
+    }
+
+    /// This rank's index.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.world
+    }
+
+    /// The device this rank runs on.
+    pub fn device(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
+    /// The settings it was created with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The agreed per-rank block limits.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Sizes of this rank's symmetric allocation.
+    pub fn layout(&self) -> Layout {
+        self.workspace.layout()
+    }
+
+    /// What a call of `len` elements of `dtype` would launch.
+    pub fn plan(&self, len: usize, dtype: DType, algorithm: Algorithm) -> Plan {
+        plan::plan_all_reduce(len, dtype, self.world, self.limits, &self.config, algorithm)
+    }
+
+    /// Sums `input` over all ranks into `output` (out of place), choosing the algorithm by
+    /// size. All ranks must make the same sequence of calls with the same lengths.
+    pub fn all_reduce<T: Element>(
+        &self,
+        input: &impl DevicePtr<T>,
+        output: &mut impl DevicePtrMut<T>,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        self.all_reduce_with(input, output, stream, Algorithm::Auto)
+    }
+
+    /// [`all_reduce`](Self::all_reduce) with a forced algorithm (`Auto` = the configured
+    /// choice).
+    pub fn all_reduce_with<T: Element>(
+        &self,
+        input: &impl DevicePtr<T>,
+        output: &mut impl DevicePtrMut<T>,
+        stream: &CudaStream,
+        algorithm: Algorithm,
+    ) -> Result<()> {
+        self.check_usable()?;
+        let shape = CallShape {
+            dtype: T::DTYPE,
+            input_len: input.len(),
+            output_len: output.len(),
+            input_addr: 0,
+            output_addr: 0,
+            input_device: input.stream().context().ordinal(),
+            output_device: output.stream().context().ordinal(),
+            stream_device: stream.context().ordinal(),
+        };
+        let (in_ptr, _read) = input.device_ptr(stream);
+        let (out_ptr, _write) = output.device_ptr_mut(stream);
+        self.validate_and_launch(
+            CallShape {
+                input_addr: in_ptr,
+                output_addr: out_ptr,
+                ..shape
+            },
+            stream,
+            algorithm,
+        )
+    }
+
+    /// Sums `buffer` over all ranks in place.
+    pub fn all_reduce_in_place<T: Element>(
+        &self,
+        buffer: &mut impl DevicePtrMut<T>,
+        stream: &CudaStream,
+        algorithm: Algorithm,
+    ) -> Result<()> {
+        self.check_usable()?;
+        let len = buffer.len();
+        let device = buffer.stream().context().ordinal();
+        let (ptr, _write) = buffer.device_ptr_mut(stream);
+        self.validate_and_launch(
+            CallShape {
+                dtype: T::DTYPE,
+                input_len: len,
+                output_len: len,
+                input_addr: ptr,
+                output_addr: ptr,
+                input_device: device,
+                output_device: device,
+                stream_device: stream.context().ordinal(),
+            },
+            stream,
+            algorithm,
+        )
+    }
+
+    /// Launches the body-less kernel with exactly the grid a call of `len` elements would
+    /// use: the benchmark's floor for launch and graph-replay cost.
+    #[doc(hidden)]
+    pub fn launch_empty(
+        &self,
+        len: usize,
+        dtype: DType,
+        stream: &CudaStream,
+        algorithm: Algorithm,
+    ) -> Result<()> {
+        let plan = self.plan(len, dtype, algorithm);
+        self.launch(self.kernels.empty(), plan, 0, 0, len, stream)
+    }
+
+    /// Waits for `stream` and reports a timeout any earlier call hit.
+    pub fn synchronize(&self, stream: &CudaStream) -> Result<()> {
+        stream.synchronize().during("cuStreamSynchronize")?;
+        self.check_usable()
+    }
+
+    /// Returns the error that made this communicator unusable, if any, without a CUDA call.
+    pub fn check_usable(&self) -> Result<()> {
+        if let Some(reason) = self.poisoned.borrow().as_ref() {
+            return Err(Error::Poisoned {
+                reason: reason.clone(),
+            });
+        }
+        let code = self.error.read();
+        if code == 0 {
+            return Ok(());
+        }
+        let err = decode_error(code, self.rank, self.config.timeout);
+        *self.poisoned.borrow_mut() = Some(err.to_string());
+        Err(err)
+    }
+
+    fn validate_and_launch(&self, shape: CallShape, stream: &CudaStream, algorithm: Algorithm) -> Result<()> {
+        plan::validate_call(&shape, self.device(), self.config.capacity_bytes)?;
+        let plan = self.plan(shape.input_len, shape.dtype, algorithm);
+        let func = self.kernels.get(plan.algorithm, shape.dtype);
+        self.launch(
+            func,
+            plan,
+            shape.input_addr,
+            shape.output_addr,
+            shape.input_len,
+            stream,
+        )
+    }
+
+    fn launch(
+        &self,
+        func: &cudarc::driver::CudaFunction,
+        plan: Plan,
+        input: u64,
+        output: u64,
+        len: usize,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        let mut input = input;
+        let mut output = output;
+        let mut n = len as u64;
+        let mut args = self.args;
+        let mut params: [*mut c_void; 4] = [
+            (&mut input as *mut u64).cast(),
+            (&mut output as *mut u64).cast(),
+            (&mut n as *mut u64).cast(),
+            (&mut args as *mut SymmArgs).cast(),
+        ];
+        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        // SAFETY: the function comes from a live module of this context and takes exactly
+        // (const T*, T*, u64, SymmArgs); `params` points at locals that outlive the call
+        // (the driver copies them at launch). The addresses were validated: 16-byte aligned
+        // device memory of this rank's device with `len` elements; the workspace outlives
+        // the launch because Drop synchronises before unmapping.
+        unsafe {
+            result::launch_kernel(
+                func.cu_function(),
+                (plan.blocks, 1, 1),
+                (plan.threads, 1, 1),
+                0,
+                stream.cu_stream(),
+                &mut params,
+            )
+        }
+        .during("cuLaunchKernel")
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        // Kernels may still read or signal through this rank's mappings; a peer stuck in a
+        // barrier is bounded by the timeout. Errors cannot be reported from Drop.
+        let _ = self.ctx.synchronize();
+    }
+}
+
+fn decode_error(code: u32, rank: usize, timeout: Duration) -> Error {
+    if code & 0xff == ERROR_PEER_TIMEOUT {
+        let phase = match (code >> 8) & 0xff {
+            0 => BarrierPhase::Start,
+            1 => BarrierPhase::Middle,
+            p => BarrierPhase::Unknown(p),
+        };
+        Error::PeerTimeout {
+            rank,
+            peer: (code >> 16) as usize,
+            phase,
+            timeout,
+        }
+    } else {
+        Error::Poisoned {
+            reason: format!("a kernel reported error code {code:#x}"),
+        }
+    }
+}
+
+fn check_device(ctx: &Arc<CudaContext>) -> Result<()> {
+    let ordinal = ctx.ordinal();
+    let (major, minor) = ctx.compute_capability().during("cuDeviceGetAttribute")?;
+    if major < 8 {
+        return Err(Error::Unsupported {
+            ordinal,
+            reason: format!("compute capability {major}.{minor}; the kernels need 8.0 or newer"),
+        });
+    }
+    let attr = |a| ctx.attribute(a).during("cuDeviceGetAttribute");
+    if attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)? == 0 {
+        return Err(Error::Unsupported {
+            ordinal,
+            reason: "no virtual memory management (cuMemCreate)".into(),
+        });
+    }
+    if attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)? == 0 {
+        return Err(Error::Unsupported {
+            ordinal,
+            reason: "VMM memory cannot be exported as a POSIX file descriptor".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Every pair of distinct devices in the group must reach each other over P2P.
+fn check_peer_access(contexts: &[Arc<CudaContext>]) -> Result<()> {
+    for a in contexts {
+        for b in contexts {
+            if a.ordinal() == b.ordinal() {
+                continue;
+            }
+            let mut can = 0;
+            crate::driver::check(
+                // SAFETY: valid out-pointer and device handles from live contexts.
+                unsafe { sys::cuDeviceCanAccessPeer(&mut can, a.cu_device(), b.cu_device()) },
+                "cuDeviceCanAccessPeer",
+            )?;
+            if can == 0 {
+                return Err(Error::Unsupported {
+                    ordinal: a.ordinal(),
+                    reason: format!(
+                        "device {} cannot access device {} peer-to-peer",
+                        a.ordinal(),
+                        b.ordinal()
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_codes_decode_to_peer_timeouts() {
+        let t = Duration::from_millis(5);
+        match decode_error(1 | (1 << 8) | (5 << 16), 2, t) {
+            Error::PeerTimeout {
+                rank: 2,
+                peer: 5,
+                phase: BarrierPhase::Middle,
+                timeout,
+            } => assert_eq!(timeout, t),
+            e => panic!("unexpected {e:?}"),
+        }
+        assert!(matches!(
+            decode_error(1 | (3 << 16), 0, t),
+            Error::PeerTimeout {
+                peer: 3,
+                phase: BarrierPhase::Start,
+                ..
+            }
+        ));
+        assert!(matches!(decode_error(0x42, 0, t), Error::Poisoned { .. }));
+    }
+
+    #[test]
+    fn communicator_is_send_but_not_sync() {
+        fn assert_send<T: Send>() {}
+        assert_send::<Communicator>();
+        // Not Sync: checked by the compile_fail doc test on `Communicator`.
+    }
+}

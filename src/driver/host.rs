@@ -1,0 +1,73 @@
+//! Host memory the device writes to: the error word a timed-out kernel leaves for the host.
+
+use std::ffi::c_void;
+
+use cudarc::driver::sys;
+
+use super::check;
+use crate::error::Result;
+
+/// One `u32` in pinned, device-mapped, portable host memory. The kernels store an error
+/// code into it; the host reads it without any CUDA call (so also during graph capture).
+#[derive(Debug)]
+pub(crate) struct ErrorWord {
+    host: *mut u32,
+    device: u64,
+}
+
+// SAFETY: the pointer is to pinned host memory owned by this value; reads and writes go
+// through volatile accesses of a plain u32, valid from any thread.
+unsafe impl Send for ErrorWord {}
+
+impl ErrorWord {
+    /// Allocates a zeroed word. The caller's context must be current.
+    pub(crate) fn new() -> Result<Self> {
+        let mut host: *mut c_void = std::ptr::null_mut();
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: out-pointer is valid; 64 bytes is a valid size.
+        let code = unsafe { sys::cuMemHostAlloc(&mut host, 64, flags) };
+        check(code, "cuMemHostAlloc")?;
+        let mut device: sys::CUdeviceptr = 0;
+        // SAFETY: `host` was just allocated with DEVICEMAP.
+        let mapped = check(
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0) },
+            "cuMemHostGetDevicePointer",
+        );
+        if let Err(e) = mapped {
+            // SAFETY: freeing what was allocated above, once.
+            unsafe { sys::cuMemFreeHost(host) };
+            return Err(e);
+        }
+        let word = ErrorWord {
+            host: host.cast(),
+            device,
+        };
+        word.clear();
+        Ok(word)
+    }
+
+    /// The address kernels write to.
+    pub(crate) fn device_ptr(&self) -> u64 {
+        self.device
+    }
+
+    /// The current code (0 = no error).
+    pub(crate) fn read(&self) -> u32 {
+        // SAFETY: `host` points to a live, aligned u32 owned by self; volatile because the
+        // device writes it behind the compiler's back.
+        unsafe { std::ptr::read_volatile(self.host) }
+    }
+
+    pub(crate) fn clear(&self) {
+        // SAFETY: as in `read`.
+        unsafe { std::ptr::write_volatile(self.host, 0) }
+    }
+}
+
+impl Drop for ErrorWord {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemHostAlloc in `new`, freed exactly once. A failure here
+        // cannot be reported from Drop and leaks nothing further.
+        unsafe { sys::cuMemFreeHost(self.host.cast()) };
+    }
+}

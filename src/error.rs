@@ -1,0 +1,209 @@
+//! The crate's one error type.
+
+use std::time::Duration;
+
+use cudarc::driver::DriverError;
+
+/// Which synchronisation point a timed-out wait belonged to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BarrierPhase {
+    /// Before reading peers' inputs (every algorithm).
+    Start,
+    /// Between two-shot's reduce-scatter and all-gather.
+    Middle,
+    /// A code this version does not know (newer kernels).
+    Unknown(u32),
+}
+
+impl std::fmt::Display for BarrierPhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BarrierPhase::Start => f.write_str("start barrier"),
+            BarrierPhase::Middle => f.write_str("middle barrier"),
+            BarrierPhase::Unknown(c) => write!(f, "barrier phase {c}"),
+        }
+    }
+}
+
+/// Everything that can go wrong. Bad input is reported before anything is launched, so an
+/// error from [`crate::Communicator::all_reduce`] never leaves a half-written output behind
+/// (except [`Error::PeerTimeout`], whose output contents are documented there).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// `libcuda` could not be loaded.
+    #[error(
+        "the CUDA driver library could not be loaded ({detail}); install the NVIDIA driver, or run on a \
+         machine with a GPU"
+    )]
+    DriverUnavailable {
+        /// What the loader said.
+        detail: String,
+    },
+
+    /// The driver loaded but shows no device.
+    #[error("no CUDA device is visible (check CUDA_VISIBLE_DEVICES and nvidia-smi)")]
+    NoDevice,
+
+    /// A device ordinal beyond the devices present.
+    #[error("device {ordinal} does not exist: {count} CUDA device(s) are visible")]
+    DeviceNotFound {
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// Devices present.
+        count: usize,
+    },
+
+    /// A CUDA driver call failed.
+    #[error("CUDA call {call} failed: {source}")]
+    Cuda {
+        /// The driver function (or step) that failed.
+        call: &'static str,
+        /// The driver's code.
+        #[source]
+        source: DriverError,
+    },
+
+    /// The kernels were not compiled into this build.
+    #[error(
+        "the all-reduce kernels are not in this build: nvcc was not found when the crate was compiled. \
+         Install CUDA (or run scripts/install-nvcc.sh), set NVCC if needed, and rebuild"
+    )]
+    KernelsUnavailable,
+
+    /// The device cannot run these kernels.
+    #[error("device {ordinal} is not supported: {reason}")]
+    Unsupported {
+        /// The device.
+        ordinal: usize,
+        /// Why.
+        reason: String,
+    },
+
+    /// The world size is outside 1..=8 or does not match what the peers said.
+    #[error("invalid world size {world}: {reason}")]
+    InvalidWorldSize {
+        /// The world size given.
+        world: usize,
+        /// Why it is refused.
+        reason: String,
+    },
+
+    /// A configuration value is out of range.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+
+    /// An all-reduce of zero elements.
+    #[error("all_reduce of an empty buffer: pass at least one element")]
+    Empty,
+
+    /// Input and output lengths differ.
+    #[error("input has {input} elements but output has {output}: they must be equal")]
+    LengthMismatch {
+        /// Input length in elements.
+        input: usize,
+        /// Output length in elements.
+        output: usize,
+    },
+
+    /// The message does not fit the symmetric workspace.
+    #[error(
+        "{bytes} bytes exceed this communicator's capacity of {capacity} bytes: raise Config::capacity_bytes \
+         or split the call"
+    )]
+    ExceedsCapacity {
+        /// Bytes asked for.
+        bytes: usize,
+        /// Configured capacity.
+        capacity: usize,
+    },
+
+    /// A buffer is not 16-byte aligned.
+    #[error("{which} buffer at {address:#x} is not 16-byte aligned: the kernels move 16-byte packs")]
+    Misaligned {
+        /// "input" or "output".
+        which: &'static str,
+        /// Its device address.
+        address: u64,
+    },
+
+    /// A buffer or stream belongs to another device than this rank's.
+    #[error("{which} is on device {found} but this rank runs on device {expected}")]
+    WrongDevice {
+        /// "input", "output" or "stream".
+        which: &'static str,
+        /// This rank's device.
+        expected: usize,
+        /// Where the argument lives.
+        found: usize,
+    },
+
+    /// A peer did not arrive in time. The communicator is poisoned: every later call returns
+    /// [`Error::Poisoned`]. The output of the call that timed out holds unspecified values
+    /// (parts may be summed, parts untouched); the input is never modified.
+    #[error(
+        "rank {rank} waited more than {timeout:?} for rank {peer} at the {phase}; the communicator is now \
+         unusable (a peer died, diverged, or launched a different sequence of collectives)"
+    )]
+    PeerTimeout {
+        /// The rank that reports it.
+        rank: usize,
+        /// The rank it waited for.
+        peer: usize,
+        /// Where.
+        phase: BarrierPhase,
+        /// The configured bound.
+        timeout: Duration,
+    },
+
+    /// A previous failure made the communicator unusable.
+    #[error("the communicator is unusable after an earlier failure ({reason}); create a new one")]
+    Poisoned {
+        /// The earlier failure.
+        reason: String,
+    },
+
+    /// NCCL reported an error (benchmark baseline and bootstrap).
+    #[error("NCCL call {call} failed: {detail}")]
+    Nccl {
+        /// The NCCL function.
+        call: &'static str,
+        /// Code and message.
+        detail: String,
+    },
+}
+
+/// Result with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+pub(crate) trait CudaResultExt<T> {
+    /// Names the failing driver call.
+    fn during(self, call: &'static str) -> Result<T>;
+}
+
+impl<T> CudaResultExt<T> for std::result::Result<T, DriverError> {
+    fn during(self, call: &'static str) -> Result<T> {
+        self.map_err(|source| Error::Cuda { call, source })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_is_send_sync_static() {
+        fn assert_bounds<T: Send + Sync + 'static + std::error::Error>() {}
+        assert_bounds::<Error>();
+    }
+
+    #[test]
+    fn messages_say_what_to_do() {
+        let e = Error::ExceedsCapacity {
+            bytes: 10,
+            capacity: 4,
+        };
+        assert!(e.to_string().contains("capacity_bytes"));
+        assert!(Error::KernelsUnavailable.to_string().contains("install-nvcc"));
+    }
+}

@@ -1,0 +1,486 @@
+//! Pure planning: which kernel, which grid. No CUDA types here, so it is tested on any
+//! machine. The grid depends only on (element count, dtype, world, limits, config), and the
+//! limits are agreed by all ranks at setup, so every rank launches the same grid.
+
+use std::time::Duration;
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// Largest world a communicator supports (the kernels' peer arrays are this wide).
+pub const MAX_RANKS: usize = 8;
+/// Signal slots per phase: the most blocks one rank launches.
+pub const MAX_BLOCKS: usize = 64;
+/// Threads per block of every kernel.
+pub const THREADS_PER_BLOCK: u32 = 512;
+
+/// Which all-reduce to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Algorithm {
+    /// One-shot up to the configured crossover, two-shot above it.
+    #[default]
+    Auto,
+    /// Every rank reads every peer's whole input: one barrier, `(W-1)·S` bytes read per rank.
+    OneShot,
+    /// Reduce-scatter then all-gather: two barriers, `2·(W-1)/W·S` bytes per rank.
+    TwoShot,
+}
+
+impl Algorithm {
+    /// Lower-case name (`one_shot`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::Auto => "auto",
+            Algorithm::OneShot => "one_shot",
+            Algorithm::TwoShot => "two_shot",
+        }
+    }
+}
+
+impl std::fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Algorithm {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Algorithm::Auto),
+            "one_shot" | "oneshot" => Ok(Algorithm::OneShot),
+            "two_shot" | "twoshot" => Ok(Algorithm::TwoShot),
+            _ => Err(format!(
+                "unknown algorithm {s:?}: expected auto, one_shot or two_shot"
+            )),
+        }
+    }
+}
+
+/// Communicator settings. Every rank must use the same values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Largest message, in bytes, one call may reduce. Each rank allocates twice this
+    /// (two data buffers used alternately) plus 64 KiB of signals.
+    pub capacity_bytes: usize,
+    /// Algorithm used when a call does not force one.
+    pub algorithm: Algorithm,
+    /// `Auto` uses one-shot up to this many bytes (inclusive). `None`: the published
+    /// crossovers, 512 KiB for 4 or fewer ranks and 256 KiB above.
+    pub one_shot_max_bytes: Option<usize>,
+    /// Most blocks one rank launches (1..=64). Fewer may be used where the device cannot
+    /// keep every rank's blocks resident at once.
+    pub max_blocks_per_rank: usize,
+    /// Bound on every wait for a peer. Expiry poisons the communicator and surfaces as
+    /// [`Error::PeerTimeout`].
+    pub timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            capacity_bytes: 64 << 20,
+            algorithm: Algorithm::Auto,
+            one_shot_max_bytes: None,
+            max_blocks_per_rank: 32,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Config {
+    /// Checks ranges; called by every constructor.
+    pub fn validate(&self) -> Result<()> {
+        if self.capacity_bytes == 0 {
+            return Err(Error::InvalidConfig("capacity_bytes must be at least 1".into()));
+        }
+        if self.capacity_bytes > (1usize << 40) {
+            return Err(Error::InvalidConfig(format!(
+                "capacity_bytes {} is above 1 TiB",
+                self.capacity_bytes
+            )));
+        }
+        if !(1..=MAX_BLOCKS).contains(&self.max_blocks_per_rank) {
+            return Err(Error::InvalidConfig(format!(
+                "max_blocks_per_rank must be in 1..={MAX_BLOCKS}, got {}",
+                self.max_blocks_per_rank
+            )));
+        }
+        if self.timeout.is_zero() || self.timeout > Duration::from_secs(3600) {
+            return Err(Error::InvalidConfig(format!(
+                "timeout must be in (0, 1 h], got {:?}",
+                self.timeout
+            )));
+        }
+        Ok(())
+    }
+
+    /// The `Auto` crossover for a world size.
+    pub fn one_shot_limit(&self, world: usize) -> usize {
+        self.one_shot_max_bytes
+            .unwrap_or(if world <= 4 { 512 << 10 } else { 256 << 10 })
+    }
+}
+
+/// Checks a world size.
+pub fn validate_world(world: usize) -> Result<()> {
+    if (1..=MAX_RANKS).contains(&world) {
+        Ok(())
+    } else {
+        Err(Error::InvalidWorldSize {
+            world,
+            reason: format!("supported world sizes are 1..={MAX_RANKS}"),
+        })
+    }
+}
+
+/// Per-kernel block limits agreed at setup: the most blocks per rank for which every rank's
+/// blocks can be resident at once (a barrier needs all of them running).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// One-shot kernel.
+    pub one_shot_blocks: usize,
+    /// Two-shot kernel.
+    pub two_shot_blocks: usize,
+}
+
+impl Limits {
+    /// From the occupancy of each kernel: `blocks_per_sm · sms / ranks_sharing_the_device`,
+    /// capped by the signal slots and the configuration.
+    pub fn from_occupancy(
+        one_shot_per_sm: usize,
+        two_shot_per_sm: usize,
+        sms: usize,
+        ranks_per_device: usize,
+        config: &Config,
+    ) -> Result<Self> {
+        let cap = |per_sm: usize| (per_sm * sms / ranks_per_device.max(1)).min(config.max_blocks_per_rank);
+        let limits = Limits {
+            one_shot_blocks: cap(one_shot_per_sm),
+            two_shot_blocks: cap(two_shot_per_sm),
+        };
+        if limits.one_shot_blocks == 0 || limits.two_shot_blocks == 0 {
+            return Err(Error::InvalidWorldSize {
+                world: ranks_per_device,
+                reason: format!(
+                    "{ranks_per_device} ranks on one device cannot all keep a block resident \
+                     ({sms} SMs, {one_shot_per_sm}/{two_shot_per_sm} blocks per SM)"
+                ),
+            });
+        }
+        Ok(limits)
+    }
+
+    /// The element-wise minimum (all ranks must agree on one grid).
+    pub fn min(self, other: Limits) -> Limits {
+        Limits {
+            one_shot_blocks: self.one_shot_blocks.min(other.one_shot_blocks),
+            two_shot_blocks: self.two_shot_blocks.min(other.two_shot_blocks),
+        }
+    }
+}
+
+/// What one call launches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// `OneShot` or `TwoShot` (never `Auto`).
+    pub algorithm: Algorithm,
+    /// Blocks per rank.
+    pub blocks: u32,
+    /// Threads per block.
+    pub threads: u32,
+}
+
+/// Chooses the kernel and grid for `len` elements of `dtype` over `world` ranks.
+/// `requested` overrides `config.algorithm` unless it is `Auto`.
+pub fn plan_all_reduce(
+    len: usize,
+    dtype: DType,
+    world: usize,
+    limits: Limits,
+    config: &Config,
+    requested: Algorithm,
+) -> Plan {
+    let bytes = len * dtype.size();
+    let choice = match (requested, config.algorithm) {
+        (Algorithm::Auto, Algorithm::Auto) => {
+            if world == 1 || bytes <= config.one_shot_limit(world) {
+                Algorithm::OneShot
+            } else {
+                Algorithm::TwoShot
+            }
+        }
+        (Algorithm::Auto, configured) => configured,
+        (forced, _) => forced,
+    };
+    let packs = len / dtype.per_pack();
+    let (work, max_blocks) = match choice {
+        Algorithm::TwoShot => (packs.div_ceil(world), limits.two_shot_blocks),
+        _ => (packs, limits.one_shot_blocks),
+    };
+    let wanted = work.div_ceil(THREADS_PER_BLOCK as usize).max(1);
+    Plan {
+        algorithm: choice,
+        blocks: wanted.min(max_blocks).min(MAX_BLOCKS) as u32,
+        threads: THREADS_PER_BLOCK,
+    }
+}
+
+/// Everything [`validate_call`] looks at, as plain numbers.
+#[derive(Debug, Clone, Copy)]
+pub struct CallShape {
+    /// Element type.
+    pub dtype: DType,
+    /// Input length in elements.
+    pub input_len: usize,
+    /// Output length in elements.
+    pub output_len: usize,
+    /// Input device address.
+    pub input_addr: u64,
+    /// Output device address.
+    pub output_addr: u64,
+    /// Device of the input, output and stream.
+    pub input_device: usize,
+    /// Device of the output.
+    pub output_device: usize,
+    /// Device of the stream.
+    pub stream_device: usize,
+}
+
+/// Checks one call against the communicator's device and capacity. Nothing is launched
+/// unless this passes.
+pub fn validate_call(shape: &CallShape, rank_device: usize, capacity_bytes: usize) -> Result<()> {
+    if shape.input_len == 0 || shape.output_len == 0 {
+        return Err(Error::Empty);
+    }
+    if shape.input_len != shape.output_len {
+        return Err(Error::LengthMismatch {
+            input: shape.input_len,
+            output: shape.output_len,
+        });
+    }
+    let bytes = shape.input_len.saturating_mul(shape.dtype.size());
+    if bytes > capacity_bytes {
+        return Err(Error::ExceedsCapacity {
+            bytes,
+            capacity: capacity_bytes,
+        });
+    }
+    for (which, found) in [
+        ("stream", shape.stream_device),
+        ("input", shape.input_device),
+        ("output", shape.output_device),
+    ] {
+        if found != rank_device {
+            return Err(Error::WrongDevice {
+                which,
+                expected: rank_device,
+                found,
+            });
+        }
+    }
+    for (which, address) in [("input", shape.input_addr), ("output", shape.output_addr)] {
+        if address % 16 != 0 {
+            return Err(Error::Misaligned { which, address });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WIDE: Limits = Limits {
+        one_shot_blocks: 32,
+        two_shot_blocks: 32,
+    };
+
+    fn shape(len: usize) -> CallShape {
+        CallShape {
+            dtype: DType::BF16,
+            input_len: len,
+            output_len: len,
+            input_addr: 0x1000,
+            output_addr: 0x2000,
+            input_device: 0,
+            output_device: 0,
+            stream_device: 0,
+        }
+    }
+
+    #[test]
+    fn auto_follows_published_crossovers() {
+        let c = Config::default();
+        for (world, limit) in [(2, 512 << 10), (4, 512 << 10), (8, 256 << 10), (6, 256 << 10)] {
+            let at = plan_all_reduce(limit / 2, DType::BF16, world, WIDE, &c, Algorithm::Auto);
+            let above = plan_all_reduce(limit / 2 + 8, DType::BF16, world, WIDE, &c, Algorithm::Auto);
+            assert_eq!(at.algorithm, Algorithm::OneShot, "world {world}");
+            assert_eq!(above.algorithm, Algorithm::TwoShot, "world {world}");
+        }
+        // One rank never needs two-shot.
+        let p = plan_all_reduce(64 << 20, DType::F32, 1, WIDE, &c, Algorithm::Auto);
+        assert_eq!(p.algorithm, Algorithm::OneShot);
+    }
+
+    #[test]
+    fn forced_and_configured_algorithms_win_over_auto() {
+        let mut c = Config::default();
+        let p = plan_all_reduce(16, DType::F32, 8, WIDE, &c, Algorithm::TwoShot);
+        assert_eq!(p.algorithm, Algorithm::TwoShot);
+        c.algorithm = Algorithm::TwoShot;
+        assert_eq!(
+            plan_all_reduce(16, DType::F32, 8, WIDE, &c, Algorithm::Auto).algorithm,
+            Algorithm::TwoShot
+        );
+        assert_eq!(
+            plan_all_reduce(16, DType::F32, 8, WIDE, &c, Algorithm::OneShot).algorithm,
+            Algorithm::OneShot
+        );
+    }
+
+    #[test]
+    fn grid_grows_with_work_and_respects_limits() {
+        let c = Config::default();
+        // 8 KiB bf16 = 512 packs: one block of 512 threads.
+        assert_eq!(
+            plan_all_reduce(4096, DType::BF16, 8, WIDE, &c, Algorithm::OneShot).blocks,
+            1
+        );
+        assert_eq!(
+            plan_all_reduce(4097 * 8, DType::BF16, 8, WIDE, &c, Algorithm::OneShot).blocks,
+            9
+        );
+        // Tail-only message still launches one block.
+        assert_eq!(
+            plan_all_reduce(3, DType::F32, 8, WIDE, &c, Algorithm::OneShot).blocks,
+            1
+        );
+        let tight = Limits {
+            one_shot_blocks: 4,
+            two_shot_blocks: 2,
+        };
+        assert_eq!(
+            plan_all_reduce(1 << 24, DType::F32, 8, tight, &c, Algorithm::OneShot).blocks,
+            4
+        );
+        assert_eq!(
+            plan_all_reduce(1 << 24, DType::F32, 8, tight, &c, Algorithm::TwoShot).blocks,
+            2
+        );
+        // Two-shot sizes its grid by the slice, not the whole message.
+        let p = plan_all_reduce(8 * 512 * 8, DType::BF16, 8, WIDE, &c, Algorithm::TwoShot);
+        assert_eq!(p.blocks, 1);
+    }
+
+    #[test]
+    fn grid_is_a_function_of_the_call_only() {
+        let c = Config::default();
+        for len in [1usize, 7, 8, 9, 4095, 4096, 1 << 20, (1 << 22) + 3] {
+            for w in 1..=MAX_RANKS {
+                let a = plan_all_reduce(len, DType::F16, w, WIDE, &c, Algorithm::Auto);
+                let b = plan_all_reduce(len, DType::F16, w, WIDE, &c, Algorithm::Auto);
+                assert_eq!(a, b);
+                assert!(a.blocks >= 1 && a.blocks as usize <= MAX_BLOCKS);
+            }
+        }
+    }
+
+    #[test]
+    fn limits_account_for_ranks_sharing_a_device() {
+        let c = Config::default();
+        let l = Limits::from_occupancy(2, 1, 132, 8, &c).unwrap();
+        assert_eq!(l.one_shot_blocks, 32); // 2*132/8 = 33, capped by config 32
+        assert_eq!(l.two_shot_blocks, 16); // 132/8
+        let l1 = Limits::from_occupancy(2, 1, 132, 1, &c).unwrap();
+        assert_eq!(l.min(l1), l);
+        assert!(Limits::from_occupancy(1, 1, 4, 8, &c).is_err());
+    }
+
+    #[test]
+    fn config_ranges_are_checked() {
+        assert!(Config::default().validate().is_ok());
+        for bad in [
+            Config {
+                capacity_bytes: 0,
+                ..Config::default()
+            },
+            Config {
+                max_blocks_per_rank: 0,
+                ..Config::default()
+            },
+            Config {
+                max_blocks_per_rank: 65,
+                ..Config::default()
+            },
+            Config {
+                timeout: Duration::ZERO,
+                ..Config::default()
+            },
+        ] {
+            assert!(matches!(bad.validate(), Err(Error::InvalidConfig(_))), "{bad:?}");
+        }
+        assert!(validate_world(0).is_err());
+        assert!(validate_world(9).is_err());
+        for w in 1..=8 {
+            validate_world(w).unwrap();
+        }
+    }
+
+    #[test]
+    fn bad_calls_are_rejected_with_the_right_error() {
+        assert!(validate_call(&shape(100), 0, 1 << 20).is_ok());
+        assert!(matches!(validate_call(&shape(0), 0, 1 << 20), Err(Error::Empty)));
+        let mut s = shape(100);
+        s.output_len = 99;
+        assert!(matches!(
+            validate_call(&s, 0, 1 << 20),
+            Err(Error::LengthMismatch {
+                input: 100,
+                output: 99
+            })
+        ));
+        assert!(matches!(
+            validate_call(&shape(513), 0, 1024),
+            Err(Error::ExceedsCapacity {
+                bytes: 1026,
+                capacity: 1024
+            })
+        ));
+        assert!(validate_call(&shape(512), 0, 1024).is_ok());
+        let mut s = shape(100);
+        s.input_addr += 2;
+        assert!(matches!(
+            validate_call(&s, 0, 1 << 20),
+            Err(Error::Misaligned { which: "input", .. })
+        ));
+        let mut s = shape(100);
+        s.output_addr += 8;
+        assert!(matches!(
+            validate_call(&s, 0, 1 << 20),
+            Err(Error::Misaligned { which: "output", .. })
+        ));
+        let mut s = shape(100);
+        s.stream_device = 1;
+        assert!(matches!(
+            validate_call(&s, 0, 1 << 20),
+            Err(Error::WrongDevice {
+                which: "stream",
+                expected: 0,
+                found: 1
+            })
+        ));
+        let mut s = shape(100);
+        s.input_device = 3;
+        assert!(matches!(
+            validate_call(&s, 0, 1 << 20),
+            Err(Error::WrongDevice { which: "input", .. })
+        ));
+        let mut s = shape(100);
+        s.output_device = 2;
+        assert!(matches!(
+            validate_call(&s, 0, 1 << 20),
+            Err(Error::WrongDevice { which: "output", .. })
+        ));
+    }
+}

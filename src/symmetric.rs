@@ -1,0 +1,118 @@
+//! The symmetric workspace: one VMM allocation per rank, every rank's allocation mapped into
+//! every rank's address space at `base + q·stride`.
+//!
+//! Layout of each rank's allocation (offsets shared with the kernels through `SymmArgs`):
+//!
+//! ```text
+//! 0        signal pad: [phase 0..2][block 0..64][32 u32 slots], one 128-byte row per block;
+//!          peers write slot [phase][block][their rank]
+//! 16 KiB   call state: completed-call counter and finished-block counter (owner only)
+//! 64 KiB   data buffer, parity 0 (data_bytes)
+//! ...      data buffer, parity 1 (data_bytes)
+//! ```
+
+use crate::driver::vmm::{self, Allocation, PeerMapping};
+use crate::error::Result;
+use crate::plan::MAX_BLOCKS;
+
+pub(crate) const SIGNAL_OFFSET: usize = 0;
+pub(crate) const SIGNAL_PHASES: usize = 2;
+pub(crate) const SIGNAL_ROW_BYTES: usize = 128;
+pub(crate) const STATE_OFFSET: usize = 16 << 10;
+pub(crate) const DATA_OFFSET: usize = 64 << 10;
+
+const _: () = assert!(SIGNAL_OFFSET + SIGNAL_PHASES * MAX_BLOCKS * SIGNAL_ROW_BYTES <= STATE_OFFSET);
+
+/// Sizes derived from the configured capacity and the device granularity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// Bytes of one data buffer (capacity rounded up to 4 KiB).
+    pub data_bytes: usize,
+    /// Bytes of each rank's allocation (and the stride between ranks' mappings).
+    pub alloc_bytes: usize,
+}
+
+impl Layout {
+    /// The layout for `capacity` bytes per call.
+    pub fn new(capacity: usize, granularity: usize) -> Self {
+        let data_bytes = capacity.next_multiple_of(4096);
+        let alloc_bytes = (DATA_OFFSET + 2 * data_bytes).next_multiple_of(granularity);
+        Layout {
+            data_bytes,
+            alloc_bytes,
+        }
+    }
+}
+
+/// One rank's view of the workspace. Field order is drop order: the mapping goes first,
+/// then the imported peer handles, then this rank's own allocation.
+#[derive(Debug)]
+pub(crate) struct Workspace {
+    mapping: PeerMapping,
+    _peers: Vec<Allocation>,
+    _own: Allocation,
+    layout: Layout,
+}
+
+impl Workspace {
+    /// Maps `own` and the peers' allocations (indexed by rank, `None` at `rank`) for
+    /// `device`, and zeroes this rank's signal pad and call state.
+    pub(crate) fn map(
+        rank: usize,
+        own: Allocation,
+        peers: Vec<(usize, Allocation)>,
+        layout: Layout,
+        device: usize,
+    ) -> Result<Self> {
+        let world = peers.len() + 1;
+        let mut order: Vec<&Allocation> = Vec::with_capacity(world);
+        for q in 0..world {
+            if q == rank {
+                order.push(&own);
+            } else {
+                let (_, a) = peers
+                    .iter()
+                    .find(|(r, _)| *r == q)
+                    .expect("one allocation per peer rank");
+                order.push(a);
+            }
+        }
+        let mapping = PeerMapping::new(&order, layout.alloc_bytes, device)?;
+        drop(order);
+        vmm::zero(mapping.base() + (rank * layout.alloc_bytes) as u64, DATA_OFFSET)?;
+        Ok(Workspace {
+            mapping,
+            _peers: peers.into_iter().map(|(_, a)| a).collect(),
+            _own: own,
+            layout,
+        })
+    }
+
+    pub(crate) fn base(&self) -> u64 {
+        self.mapping.base()
+    }
+
+    pub(crate) fn layout(&self) -> Layout {
+        self.layout
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_rounds_to_granularity_and_keeps_both_parities() {
+        let l = Layout::new(1, 2 << 20);
+        assert_eq!(l.data_bytes, 4096);
+        assert_eq!(l.alloc_bytes, 2 << 20);
+        let l = Layout::new(64 << 20, 2 << 20);
+        assert_eq!(l.data_bytes, 64 << 20);
+        assert_eq!(l.alloc_bytes, 130 << 20);
+        assert!(DATA_OFFSET + 2 * l.data_bytes <= l.alloc_bytes);
+        let l = Layout::new(5000, 4096);
+        assert_eq!(l.data_bytes, 8192);
+        assert_eq!(l.alloc_bytes % 4096, 0);
+        assert!(DATA_OFFSET + 2 * l.data_bytes <= l.alloc_bytes);
+    }
+}
