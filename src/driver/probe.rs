@@ -22,7 +22,10 @@ fn driver_library() -> Result<()> {
                     return Ok(());
                 }
             }
-            Err(format!("tried {}", names.join(", ")))
+            Err(format!(
+                "no library named libcuda.so or libcuda.so.1 on the loader path ({} names tried)",
+                names.len()
+            ))
         })
         .clone()
         .map_err(|detail| Error::DriverUnavailable { detail })

@@ -1,0 +1,483 @@
+//! Correctness on the GPU with virtual ranks (several ranks on one device, each with its own
+//! stream and its own mapping of every peer's memory): every result is compared with the fp32
+//! rank-order emulation bit for bit and with an f64 reference within a dtype-aware bound, and
+//! every rank's output with rank 0's.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{check_against_f64, check_bits, emulate, gpu, group, random_input, rng, TestElem};
+use half::{bf16, f16};
+use proptest::prelude::*;
+use proptest::test_runner::{Config as PropConfig, TestRunner};
+use rand::Rng;
+use std::cell::RefCell;
+use symm_allreduce::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use symm_allreduce::cudarc::driver::{CudaSlice, CudaStream};
+use symm_allreduce::{Algorithm, Communicator, Config, DType, Error};
+
+const ALGOS: [Algorithm; 3] = [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::Auto];
+
+fn config(capacity_bytes: usize) -> Config {
+    Config {
+        capacity_bytes,
+        ..Config::default()
+    }
+}
+
+/// Uploads, reduces on every rank (rank order of launches 0..W), downloads.
+/// Outputs start poisoned (0xFF bytes: NaN in every dtype) so unwritten elements show.
+fn round<T: TestElem>(
+    comms: &[Communicator],
+    streams: &[Arc<CudaStream>],
+    inputs: &[Vec<T>],
+    algo: Algorithm,
+) -> Result<Vec<Vec<T>>, String> {
+    let len = inputs[0].len();
+    let poison: Vec<T> = vec![bytemuck::cast_slice::<u8, T>(&[0xFFu8; 16])[0]; len];
+    let d_in: Vec<CudaSlice<T>> = streams
+        .iter()
+        .zip(inputs)
+        .map(|(s, x)| s.clone_htod(x).unwrap())
+        .collect();
+    let mut d_out: Vec<CudaSlice<T>> = streams.iter().map(|s| s.clone_htod(&poison).unwrap()).collect();
+    for r in 0..comms.len() {
+        comms[r]
+            .all_reduce_with(&d_in[r], &mut d_out[r], &streams[r], algo)
+            .map_err(|e| format!("rank {r}: {e}"))?;
+    }
+    for r in 0..comms.len() {
+        comms[r]
+            .synchronize(&streams[r])
+            .map_err(|e| format!("rank {r}: {e}"))?;
+    }
+    Ok(d_out
+        .iter()
+        .zip(streams)
+        .map(|(d, s)| s.clone_dtoh(d).unwrap())
+        .collect())
+}
+
+/// The three properties every result must have.
+fn verify<T: TestElem>(inputs: &[Vec<T>], outputs: &[Vec<T>], what: &str) -> Result<(), String> {
+    for (r, out) in outputs.iter().enumerate().skip(1) {
+        check_bits(&format!("{what}: rank {r} vs rank 0"), &outputs[0], out)?;
+    }
+    check_bits(
+        &format!("{what}: fp32 rank-order emulation"),
+        &emulate(inputs),
+        &outputs[0],
+    )?;
+    check_against_f64(inputs, &outputs[0]).map_err(|e| format!("{what}: {e}"))
+}
+
+fn random_round<T: TestElem>(
+    comms: &[Communicator],
+    streams: &[Arc<CudaStream>],
+    len: usize,
+    algo: Algorithm,
+    seed: u64,
+) -> Result<(), String> {
+    let mut g = rng(seed);
+    let inputs: Vec<Vec<T>> = (0..comms.len()).map(|_| random_input(&mut g, len)).collect();
+    let outputs = round(comms, streams, &inputs, algo)?;
+    verify(
+        &inputs,
+        &outputs,
+        &format!("{} W={} len={len} {algo}", T::DTYPE, comms.len()),
+    )
+}
+
+fn dispatch(
+    dtype: DType,
+    comms: &[Communicator],
+    streams: &[Arc<CudaStream>],
+    len: usize,
+    algo: Algorithm,
+    seed: u64,
+) -> Result<(), String> {
+    match dtype {
+        DType::F32 => random_round::<f32>(comms, streams, len, algo, seed),
+        DType::F16 => random_round::<f16>(comms, streams, len, algo, seed),
+        DType::BF16 => random_round::<bf16>(comms, streams, len, algo, seed),
+    }
+}
+
+#[test]
+fn proptest_dtype_world_count_algorithm_against_references() {
+    let Some(ctx) = gpu("proptest_dtype_world_count_algorithm_against_references") else {
+        return;
+    };
+    let max_len = 4 << 20;
+    let groups: RefCell<HashMap<usize, (Vec<Communicator>, Vec<Arc<CudaStream>>)>> = RefCell::default();
+    let strategy = (
+        0usize..3,
+        prop::sample::select(vec![2usize, 3, 4, 8]),
+        prop_oneof![
+            4 => 1usize..=64,
+            4 => 65usize..=100_000,
+            2 => 100_001usize..=max_len,
+        ],
+        0usize..3,
+        any::<u64>(),
+    );
+    let mut runner = TestRunner::new(PropConfig {
+        cases: 96,
+        failure_persistence: None,
+        ..PropConfig::default()
+    });
+    runner
+        .run(&strategy, |(d, world, len, a, seed)| {
+            let mut groups = groups.borrow_mut();
+            let (comms, streams) = groups
+                .entry(world)
+                .or_insert_with(|| group(&ctx, world, config(max_len * 4)));
+            dispatch(DType::ALL[d], comms, streams, len, ALGOS[a], seed).map_err(TestCaseError::fail)
+        })
+        .unwrap();
+}
+
+#[test]
+fn edge_sizes_every_dtype_world_and_algorithm() {
+    let Some(ctx) = gpu("edge_sizes_every_dtype_world_and_algorithm") else {
+        return;
+    };
+    let sizes = [
+        1usize, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 511, 4095, 4096, 4097, 65_537,
+    ];
+    for world in 1..=8 {
+        let (comms, streams) = group(&ctx, world, config(1 << 20));
+        for dtype in DType::ALL {
+            for algo in ALGOS {
+                for (i, &len) in sizes.iter().enumerate() {
+                    dispatch(dtype, &comms, &streams, len, algo, (world * 1000 + i) as u64).unwrap();
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn one_shot_and_two_shot_agree_bit_for_bit() {
+    let Some(ctx) = gpu("one_shot_and_two_shot_agree_bit_for_bit") else {
+        return;
+    };
+    let (comms, streams) = group(&ctx, 8, config(8 << 20));
+    let mut g = rng(7);
+    for len in [13usize, 4099, 262_147, 1_000_003] {
+        let inputs: Vec<Vec<bf16>> = (0..8).map(|_| random_input(&mut g, len)).collect();
+        let one = round(&comms, &streams, &inputs, Algorithm::OneShot).unwrap();
+        let two = round(&comms, &streams, &inputs, Algorithm::TwoShot).unwrap();
+        for r in 0..8 {
+            check_bits(&format!("len {len} rank {r}"), &one[r], &two[r]).unwrap();
+        }
+    }
+}
+
+#[test]
+fn nan_and_inf_propagate_as_ieee_sums() {
+    let Some(ctx) = gpu("nan_and_inf_propagate_as_ieee_sums") else {
+        return;
+    };
+    let (comms, streams) = group(&ctx, 4, config(1 << 20));
+    let len = 1027;
+    let mut g = rng(11);
+    let mut inputs: Vec<Vec<f32>> = (0..4).map(|_| random_input(&mut g, len)).collect();
+    inputs[1][0] = f32::NAN;
+    inputs[2][5] = f32::INFINITY;
+    inputs[3][5] = f32::NEG_INFINITY; // inf + -inf = NaN
+    inputs[0][9] = f32::INFINITY;
+    inputs[2][1026] = f32::NAN; // in the scalar tail
+    for algo in [Algorithm::OneShot, Algorithm::TwoShot] {
+        let out = round(&comms, &streams, &inputs, algo).unwrap();
+        check_bits("nan/inf", &emulate(&inputs), &out[0]).unwrap();
+        assert!(out[0][0].is_nan() && out[0][5].is_nan() && out[0][1026].is_nan());
+        assert_eq!(out[0][9], f32::INFINITY);
+        assert!(out[0][10].is_finite());
+    }
+}
+
+#[test]
+fn in_place_all_reduce_matches_out_of_place() {
+    let Some(ctx) = gpu("in_place_all_reduce_matches_out_of_place") else {
+        return;
+    };
+    let (comms, streams) = group(&ctx, 4, config(4 << 20));
+    let mut g = rng(3);
+    for (len, algo) in [
+        (1001usize, Algorithm::OneShot),
+        (500_001, Algorithm::TwoShot),
+        (77, Algorithm::Auto),
+    ] {
+        let inputs: Vec<Vec<f16>> = (0..4).map(|_| random_input(&mut g, len)).collect();
+        let mut bufs: Vec<CudaSlice<f16>> = streams
+            .iter()
+            .zip(&inputs)
+            .map(|(s, x)| s.clone_htod(x).unwrap())
+            .collect();
+        for r in 0..4 {
+            comms[r]
+                .all_reduce_in_place(&mut bufs[r], &streams[r], algo)
+                .unwrap();
+        }
+        let outs: Vec<Vec<f16>> = (0..4)
+            .map(|r| {
+                comms[r].synchronize(&streams[r]).unwrap();
+                streams[r].clone_dtoh(&bufs[r]).unwrap()
+            })
+            .collect();
+        verify(&inputs, &outs, &format!("in place len {len}")).unwrap();
+    }
+}
+
+/// 1000 calls enqueued back to back (no host sync in between), each on fresh random data
+/// with its own length and algorithm, so the grid and the buffer parity change between
+/// calls; one sync at the end, then all 1000 results are checked.
+fn back_to_back(world: usize, seed: u64) {
+    let Some(ctx) = gpu("thousand_back_to_back_calls") else {
+        return;
+    };
+    const CALLS: usize = 1000;
+    const SLOT: usize = 6000; // elements, a multiple of 8: every slot is 16-byte aligned
+    let (comms, streams) = group(&ctx, world, config(SLOT * 2));
+    let mut g = rng(seed);
+    let lens: Vec<usize> = (0..CALLS).map(|_| g.random_range(1..=SLOT)).collect();
+    let algos: Vec<Algorithm> = (0..CALLS).map(|_| ALGOS[g.random_range(0..3)]).collect();
+    let inputs: Vec<Vec<bf16>> = (0..world).map(|_| random_input(&mut g, CALLS * SLOT)).collect();
+    let d_in: Vec<CudaSlice<bf16>> = streams
+        .iter()
+        .zip(&inputs)
+        .map(|(s, x)| s.clone_htod(x).unwrap())
+        .collect();
+    let mut d_out: Vec<CudaSlice<bf16>> = streams
+        .iter()
+        .map(|s| s.alloc_zeros::<bf16>(CALLS * SLOT).unwrap())
+        .collect();
+    for c in 0..CALLS {
+        let range = c * SLOT..c * SLOT + lens[c];
+        for r in 0..world {
+            let input = d_in[r].slice(range.clone());
+            let mut output = d_out[r].slice_mut(range.clone());
+            comms[r]
+                .all_reduce_with(&input, &mut output, &streams[r], algos[c])
+                .unwrap();
+        }
+    }
+    let outs: Vec<Vec<bf16>> = (0..world)
+        .map(|r| {
+            comms[r].synchronize(&streams[r]).unwrap();
+            streams[r].clone_dtoh(&d_out[r]).unwrap()
+        })
+        .collect();
+    for c in 0..CALLS {
+        let range = c * SLOT..c * SLOT + lens[c];
+        let ins: Vec<Vec<bf16>> = inputs.iter().map(|x| x[range.clone()].to_vec()).collect();
+        let os: Vec<Vec<bf16>> = outs.iter().map(|x| x[range.clone()].to_vec()).collect();
+        verify(&ins, &os, &format!("call {c} len {} {}", lens[c], algos[c])).unwrap();
+    }
+}
+
+#[test]
+fn thousand_back_to_back_calls_world_8() {
+    back_to_back(8, 1);
+}
+
+#[test]
+fn thousand_back_to_back_calls_world_3() {
+    back_to_back(3, 2);
+}
+
+/// Each rank captures one graph holding 10 all-reduces (sizes on both sides of the
+/// crossover, forced and automatic algorithms); the graphs are replayed 100 times, with new
+/// inputs copied in before every replay.
+#[test]
+fn graph_of_ten_all_reduces_replays_100_times_on_new_inputs() {
+    let Some(ctx) = gpu("graph_of_ten_all_reduces_replays_100_times_on_new_inputs") else {
+        return;
+    };
+    const W: usize = 8;
+    let ops: [(usize, Algorithm); 10] = [
+        (1, Algorithm::Auto),
+        (9, Algorithm::Auto),
+        (100, Algorithm::TwoShot),
+        (4096, Algorithm::Auto),
+        (4099, Algorithm::OneShot),
+        (33_003, Algorithm::Auto),
+        (131_072, Algorithm::Auto), // 256 KiB bf16: last one-shot size at W=8
+        (131_080, Algorithm::Auto), // just above: two-shot
+        (600_001, Algorithm::Auto),
+        (7, Algorithm::OneShot),
+    ];
+    let offsets: Vec<usize> = ops
+        .iter()
+        .scan(0usize, |acc, (len, _)| {
+            let o = *acc;
+            *acc += len.next_multiple_of(8);
+            Some(o)
+        })
+        .collect();
+    let total: usize = ops.iter().map(|(l, _)| l.next_multiple_of(8)).sum();
+    let (comms, streams) = group(&ctx, W, config(2 << 20));
+    let mut d_in: Vec<CudaSlice<bf16>> = streams.iter().map(|s| s.alloc_zeros(total).unwrap()).collect();
+    let mut d_out: Vec<CudaSlice<bf16>> = streams.iter().map(|s| s.alloc_zeros(total).unwrap()).collect();
+
+    let mut graphs = Vec::new();
+    for r in 0..W {
+        streams[r]
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .unwrap();
+        for (i, &(len, algo)) in ops.iter().enumerate() {
+            let range = offsets[i]..offsets[i] + len;
+            let input = d_in[r].slice(range.clone());
+            let mut output = d_out[r].slice_mut(range);
+            comms[r]
+                .all_reduce_with(&input, &mut output, &streams[r], algo)
+                .unwrap();
+        }
+        let graph = streams[r]
+            .end_capture(CUgraphInstantiate_flags(0))
+            .unwrap()
+            .expect("captured graph");
+        graphs.push(graph);
+    }
+
+    // A pool of random data; replay k reads a different window of it on every rank.
+    let mut g = rng(99);
+    let pool: Vec<bf16> = random_input(&mut g, total * 4);
+    for replay in 0..100 {
+        let inputs: Vec<Vec<bf16>> = (0..W)
+            .map(|r| {
+                let start = (replay * 7919 + r * 104_729) % (pool.len() - total);
+                pool[start..start + total].to_vec()
+            })
+            .collect();
+        for r in 0..W {
+            streams[r].memcpy_htod(&inputs[r], &mut d_in[r]).unwrap();
+        }
+        for graph in &graphs {
+            graph.launch().unwrap();
+        }
+        let outs: Vec<Vec<bf16>> = (0..W)
+            .map(|r| {
+                comms[r].synchronize(&streams[r]).unwrap();
+                streams[r].clone_dtoh(&d_out[r]).unwrap()
+            })
+            .collect();
+        for (i, &(len, algo)) in ops.iter().enumerate() {
+            let range = offsets[i]..offsets[i] + len;
+            let ins: Vec<Vec<bf16>> = inputs.iter().map(|x| x[range.clone()].to_vec()).collect();
+            let os: Vec<Vec<bf16>> = outs.iter().map(|x| x[range.clone()].to_vec()).collect();
+            verify(&ins, &os, &format!("replay {replay} op {i} len {len} {algo}")).unwrap();
+        }
+    }
+}
+
+#[test]
+fn bad_inputs_return_typed_errors_and_touch_nothing() {
+    let Some(ctx) = gpu("bad_inputs_return_typed_errors_and_touch_nothing") else {
+        return;
+    };
+    let (comms, streams) = group(&ctx, 2, config(4096));
+    let s = &streams[0];
+    let input = s.clone_htod(&[1.0f32; 2048]).unwrap();
+    let sentinel = vec![-7.0f32; 2048];
+    let mut output = s.clone_htod(&sentinel).unwrap();
+
+    let empty = s.alloc_zeros::<f32>(0);
+    if let Ok(empty) = empty {
+        let mut empty_out = s.alloc_zeros::<f32>(0).unwrap();
+        assert!(matches!(
+            comms[0].all_reduce(&empty, &mut empty_out, s),
+            Err(Error::Empty)
+        ));
+    }
+    let short = input.slice(0..100);
+    assert!(matches!(
+        comms[0].all_reduce(&short, &mut output, s),
+        Err(Error::LengthMismatch {
+            input: 100,
+            output: 2048
+        })
+    ));
+    let big = s.alloc_zeros::<f32>(1025).unwrap();
+    let mut big_out = s.alloc_zeros::<f32>(1025).unwrap();
+    assert!(matches!(
+        comms[0].all_reduce(&big, &mut big_out, s),
+        Err(Error::ExceedsCapacity {
+            bytes: 4100,
+            capacity: 4096
+        })
+    ));
+    let misaligned = input.slice(1..1001);
+    assert!(matches!(
+        comms[0].all_reduce(&misaligned, &mut output.slice_mut(0..1000), s),
+        Err(Error::Misaligned { which: "input", .. })
+    ));
+    let aligned = input.slice(0..1000);
+    assert!(matches!(
+        comms[0].all_reduce(&aligned, &mut output.slice_mut(2..1002), s),
+        Err(Error::Misaligned { which: "output", .. })
+    ));
+    // Nothing was launched: the output still holds the sentinel, and the communicator works.
+    s.synchronize().unwrap();
+    assert_eq!(s.clone_dtoh(&output).unwrap(), sentinel);
+    comms[0].check_usable().unwrap();
+    round(
+        &comms,
+        &streams,
+        &[vec![1.0f32; 1000], vec![2.0f32; 1000]],
+        Algorithm::Auto,
+    )
+    .unwrap();
+}
+
+#[test]
+fn stuck_peer_times_out_poisons_and_does_not_hang() {
+    let Some(ctx) = gpu("stuck_peer_times_out_poisons_and_does_not_hang") else {
+        return;
+    };
+    let timeout = Duration::from_millis(200);
+    for algo in [Algorithm::OneShot, Algorithm::TwoShot] {
+        let comms = Communicator::local_group(
+            &[ctx.clone(), ctx.clone(), ctx.clone()],
+            Config {
+                capacity_bytes: 1 << 20,
+                timeout,
+                ..Config::default()
+            },
+        )
+        .unwrap();
+        let stream = ctx.new_stream().unwrap();
+        let input = stream.clone_htod(&vec![1.0f32; 10_000]).unwrap();
+        let mut output = stream.alloc_zeros::<f32>(10_000).unwrap();
+        let started = Instant::now();
+        // Ranks 1 and 2 never launch.
+        comms[0]
+            .all_reduce_with(&input, &mut output, &stream, algo)
+            .unwrap();
+        let err = comms[0].synchronize(&stream).unwrap_err();
+        let waited = started.elapsed();
+        assert!(waited >= timeout, "{algo}: returned after {waited:?}");
+        assert!(waited < timeout * 20, "{algo}: took {waited:?}");
+        match &err {
+            Error::PeerTimeout {
+                rank: 0,
+                peer,
+                phase: symm_allreduce::BarrierPhase::Start,
+                ..
+            } => assert!(*peer == 1 || *peer == 2, "{err}"),
+            _ => panic!("{algo}: unexpected {err:?}"),
+        }
+        // Poisoned: later calls fail at once, without launching.
+        assert!(matches!(
+            comms[0].all_reduce(&input, &mut output, &stream),
+            Err(Error::Poisoned { .. })
+        ));
+        assert!(matches!(comms[0].check_usable(), Err(Error::Poisoned { .. })));
+        // The ranks that never ran have nothing to report.
+        comms[1].check_usable().unwrap();
+    }
+}
