@@ -112,7 +112,7 @@ fn proptest_dtype_world_count_algorithm_against_references() {
         return;
     };
     let max_len = 4 << 20;
-    let groups: RefCell<HashMap<usize, (Vec<Communicator>, Vec<Arc<CudaStream>>)>> = RefCell::default();
+    let groups: RefCell<HashMap<usize, common::Group>> = RefCell::default();
     let strategy = (
         0usize..3,
         prop::sample::select(vec![2usize, 3, 4, 8]),

@@ -35,6 +35,9 @@ pub fn skip(test: &str, reason: &str) {
     let _ = writeln!(std::io::stderr(), "SKIP {test}: {reason}");
 }
 
+/// A group's communicators and their streams.
+pub type Group = (Vec<Communicator>, Vec<Arc<CudaStream>>);
+
 /// `world` virtual ranks on `ctx`, each with its own stream.
 pub fn group(
     ctx: &Arc<CudaContext>,
@@ -145,7 +148,8 @@ pub fn check_against_f64<T: TestElem>(inputs: &[Vec<T>], out: &[T]) -> Result<()
         }
         let tol = w * abs / (1u64 << 24) as f64 + T::ROUNDING * sum.abs() * 1.0001 + T::TINY;
         let g = got.to_f32() as f64;
-        if !((g - sum).abs() <= tol) {
+        let within = (g - sum).abs() <= tol; // false for NaN too
+        if !within {
             return Err(format!(
                 "element {i}: got {g}, f64 reference {sum}, tolerance {tol}"
             ));
