@@ -1,7 +1,6 @@
 //! `Communicator`: one rank of an all-reduce group. Validation, planning and the launch.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::os::fd::AsFd;
 use std::sync::Arc;
@@ -9,8 +8,8 @@ use std::time::Duration;
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream, DevicePtr, DevicePtrMut};
 
+use crate::bootstrap::{vote, Bootstrap, LocalHub};
 use crate::driver::host::ErrorWord;
-use crate::driver::probe;
 use crate::driver::vmm::{self, Allocation};
 use crate::dtype::{DType, Element};
 use crate::error::{BarrierPhase, CudaResultExt, Error, Result};
@@ -37,7 +36,7 @@ pub struct Communicator {
     // Field order is drop order: the workspace is unmapped only after `Drop` synchronised.
     workspace: Workspace,
     error: ErrorWord,
-    kernels: Arc<Kernels>,
+    kernels: Kernels,
     ctx: Arc<CudaContext>,
     args: SymmArgs,
     rank: usize,
@@ -52,56 +51,137 @@ impl Communicator {
     /// Ranks may share a device ("virtual ranks": each has its own mapping of every peer's
     /// memory and its own stream, and the kernels really synchronise across grids).
     ///
-    /// Every rank's allocation is exported as a POSIX file descriptor and imported by every
-    /// other rank, the same path separate processes take.
+    /// Each rank is set up by [`Communicator::new`] on its own thread over an in-process
+    /// [`LocalHub`]: every allocation is exported as a POSIX file descriptor and imported by
+    /// every other rank, the same path separate processes take.
     pub fn local_group(contexts: &[Arc<CudaContext>], config: Config) -> Result<Vec<Communicator>> {
         config.validate()?;
-        let world = contexts.len();
-        plan::validate_world(world)?;
-        probe::device_count()?;
-
-        // Kernels, capability checks and residency limits, per distinct device.
-        let mut per_device: HashMap<usize, (Arc<Kernels>, usize)> = HashMap::new();
-        let mut ranks_on: HashMap<usize, usize> = HashMap::new();
-        for ctx in contexts {
-            *ranks_on.entry(ctx.ordinal()).or_default() += 1;
+        plan::validate_world(contexts.len())?;
+        let hub = LocalHub::new(contexts.len(), config.timeout.max(Duration::from_secs(30)));
+        let results: Vec<Result<Communicator>> = std::thread::scope(|s| {
+            let handles: Vec<_> = contexts
+                .iter()
+                .enumerate()
+                .map(|(rank, ctx)| {
+                    let hub = hub.rank(rank);
+                    let config = config.clone();
+                    s.spawn(move || Communicator::new(&hub, ctx.clone(), config))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(Error::PeerSetupFailed {
+                            step: "thread",
+                            rank: usize::MAX,
+                            reason: "a setup thread panicked".into(),
+                        })
+                    })
+                })
+                .collect()
+        });
+        // Report a rank's own error in preference to the echoes of it on other ranks.
+        if results.iter().any(Result::is_err) {
+            let mut errors: Vec<Error> = results.into_iter().filter_map(Result::err).collect();
+            let own = errors
+                .iter()
+                .position(|e| !matches!(e, Error::PeerSetupFailed { .. }));
+            return Err(errors.swap_remove(own.unwrap_or(0)));
         }
-        let mut limits: Option<Limits> = None;
-        let mut granularity = 1usize;
-        for ctx in contexts {
-            let ordinal = ctx.ordinal();
-            if per_device.contains_key(&ordinal) {
-                continue;
+        Ok(results.into_iter().map(|r| r.expect("checked above")).collect())
+    }
+
+    /// Collective constructor: every rank of `bootstrap` calls this at the same time with its
+    /// own device context and the same `config`. Each step ends in a vote, so when any rank
+    /// fails, all ranks return an error (none is left waiting).
+    pub fn new(bootstrap: &dyn Bootstrap, ctx: Arc<CudaContext>, config: Config) -> Result<Communicator> {
+        let rank = bootstrap.rank();
+        let world = bootstrap.world();
+        let local = ctx
+            .bind_to_thread()
+            .during("cuCtxSetCurrent")
+            .and_then(|()| config.validate())
+            .and_then(|()| plan::validate_world(world))
+            .and_then(|()| check_device(&ctx))
+            .and_then(|()| ctx.uuid().during("cuDeviceGetUuid"));
+        let uuid = vote(bootstrap, "device check", local)?;
+
+        // Everyone checks everyone's world size and configuration, and counts the ranks
+        // sharing its device (their blocks must be resident together).
+        let hello = Hello {
+            world,
+            device: uuid.bytes.map(|b| b as u8),
+            config: config_fingerprint(&config),
+        };
+        let hellos = bootstrap.all_gather(&hello.encode())?;
+        let hellos: Vec<Hello> = hellos.iter().map(|b| Hello::decode(b)).collect::<Result<_>>()?;
+        for (q, h) in hellos.iter().enumerate() {
+            if h.world != world {
+                return Err(Error::InvalidWorldSize {
+                    world,
+                    reason: format!("rank {q} was created for a world of {}", h.world),
+                });
             }
-            ctx.bind_to_thread().during("cuCtxSetCurrent")?;
-            check_device(ctx)?;
-            let kernels = Arc::new(Kernels::load(ctx)?);
+            if h.config != hello.config {
+                return Err(Error::InvalidConfig(format!(
+                    "rank {q} uses a different Config; every rank must pass the same one"
+                )));
+            }
+        }
+        let sharing = hellos.iter().filter(|h| h.device == hello.device).count();
+        vote(
+            bootstrap,
+            "peer access",
+            check_peer_access(&ctx, &hello.device, &hellos),
+        )?;
+
+        // Kernels, residency limits and granularity: agree on the minimum grid and the
+        // largest granularity.
+        let local = (|| -> Result<(Kernels, Limits, usize)> {
+            let kernels = Kernels::load(&ctx)?;
             let sms = ctx
                 .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
                 .during("cuDeviceGetAttribute")? as usize;
             let (one, two) = kernels.blocks_per_sm(THREADS_PER_BLOCK)?;
-            let l = Limits::from_occupancy(one, two, sms, ranks_on[&ordinal], &config)?;
-            limits = Some(limits.map_or(l, |m| m.min(l)));
-            granularity = granularity.max(vmm::granularity(ordinal)?);
-            per_device.insert(ordinal, (kernels, sms));
+            let limits = Limits::from_occupancy(one, two, sms, sharing, &config)?;
+            Ok((kernels, limits, vmm::granularity(ctx.ordinal())?))
+        })();
+        let (kernels, my_limits, my_granularity) = vote(bootstrap, "kernels and limits", local)?;
+        let mut payload = Vec::with_capacity(24);
+        for v in [
+            my_limits.one_shot_blocks,
+            my_limits.two_shot_blocks,
+            my_granularity,
+        ] {
+            payload.extend_from_slice(&(v as u64).to_le_bytes());
         }
-        let limits = limits.expect("world >= 1");
-        check_peer_access(contexts)?;
-
+        let mut limits = my_limits;
+        let mut granularity = my_granularity;
+        for p in bootstrap.all_gather(&payload)? {
+            let v = |i: usize| -> Result<usize> {
+                p.get(i * 8..i * 8 + 8)
+                    .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize)
+                    .ok_or_else(|| malformed("limits"))
+            };
+            limits = limits.min(Limits {
+                one_shot_blocks: v(0)?,
+                two_shot_blocks: v(1)?,
+            });
+            granularity = granularity.max(v(2)?);
+        }
         let layout = Layout::new(config.capacity_bytes, granularity);
-        let mut owns = Vec::with_capacity(world);
-        for ctx in contexts {
-            ctx.bind_to_thread().during("cuCtxSetCurrent")?;
-            owns.push(Allocation::create(ctx.ordinal(), layout.alloc_bytes)?);
-        }
-        let fds = owns
-            .iter()
-            .map(Allocation::export_fd)
-            .collect::<Result<Vec<_>>>()?;
 
-        let mut comms = Vec::with_capacity(world);
-        for (rank, (ctx, own)) in contexts.iter().zip(owns).enumerate() {
-            ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        // This rank's memory, exported for the peers.
+        let local =
+            Allocation::create(ctx.ordinal(), layout.alloc_bytes).and_then(|a| Ok((a.export_fd()?, a)));
+        let (fd, own) = vote(bootstrap, "allocation", local)?;
+        let fds = bootstrap.all_gather_fds(fd.as_fd())?;
+        drop(fd);
+
+        // Import and map every peer, zero this rank's signals, and make that visible before
+        // any rank's first kernel (the vote is the barrier).
+        let local = (|| -> Result<(Workspace, ErrorWord)> {
             let mut peers = Vec::with_capacity(world - 1);
             for (q, fd) in fds.iter().enumerate() {
                 if q != rank {
@@ -110,36 +190,36 @@ impl Communicator {
             }
             let workspace = Workspace::map(rank, own, peers, layout, ctx.ordinal())?;
             let error = ErrorWord::new()?;
-            let args = SymmArgs {
-                base: workspace.base(),
-                stride: layout.alloc_bytes as u64,
-                signal_offset: SIGNAL_OFFSET as u64,
-                state_offset: STATE_OFFSET as u64,
-                data_offset: DATA_OFFSET as u64,
-                data_bytes: layout.data_bytes as u64,
-                error: error.device_ptr(),
-                timeout_ns: config.timeout.as_nanos().min(u64::MAX as u128) as u64,
-                rank: rank as u32,
-                world: world as u32,
-            };
-            comms.push(Communicator {
-                workspace,
-                error,
-                kernels: per_device[&ctx.ordinal()].0.clone(),
-                ctx: ctx.clone(),
-                args,
-                rank,
-                world,
-                limits,
-                config: config.clone(),
-                poisoned: RefCell::new(None),
-            });
-        }
-        // Zeroed signal pads must be in place before any rank's first kernel.
-        for ctx in contexts {
             ctx.synchronize().during("cuCtxSynchronize")?;
-        }
-        Ok(comms)
+            Ok((workspace, error))
+        })();
+        let (workspace, error) = vote(bootstrap, "mapping", local)?;
+        drop(fds);
+
+        let args = SymmArgs {
+            base: workspace.base(),
+            stride: layout.alloc_bytes as u64,
+            signal_offset: SIGNAL_OFFSET as u64,
+            state_offset: STATE_OFFSET as u64,
+            data_offset: DATA_OFFSET as u64,
+            data_bytes: layout.data_bytes as u64,
+            error: error.device_ptr(),
+            timeout_ns: config.timeout.as_nanos().min(u64::MAX as u128) as u64,
+            rank: rank as u32,
+            world: world as u32,
+        };
+        Ok(Communicator {
+            workspace,
+            error,
+            kernels,
+            ctx,
+            args,
+            rank,
+            world,
+            limits,
+            config,
+            poisoned: RefCell::new(None),
+        })
     }
 
     /// This rank's index.
@@ -345,6 +425,55 @@ impl Drop for Communicator {
     }
 }
 
+/// What every rank tells the others before allocating anything.
+struct Hello {
+    world: usize,
+    device: [u8; 16],
+    config: [u64; 5],
+}
+
+impl Hello {
+    fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(64);
+        b.extend_from_slice(&(self.world as u64).to_le_bytes());
+        b.extend_from_slice(&self.device);
+        for v in self.config {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
+    fn decode(b: &[u8]) -> Result<Hello> {
+        if b.len() != 8 + 16 + 40 {
+            return Err(malformed("hello"));
+        }
+        let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        Ok(Hello {
+            world: word(0) as usize,
+            device: b[8..24].try_into().expect("16 bytes"),
+            config: [word(24), word(32), word(40), word(48), word(56)],
+        })
+    }
+}
+
+fn config_fingerprint(c: &Config) -> [u64; 5] {
+    [
+        c.capacity_bytes as u64,
+        c.algorithm as u64,
+        c.one_shot_max_bytes.map_or(u64::MAX, |b| b as u64),
+        c.max_blocks_per_rank as u64,
+        c.timeout.as_nanos().min(u64::MAX as u128) as u64,
+    ]
+}
+
+fn malformed(what: &str) -> Error {
+    Error::PeerSetupFailed {
+        step: "bootstrap",
+        rank: usize::MAX,
+        reason: format!("malformed {what} message from a peer (mismatched crate versions?)"),
+    }
+}
+
 fn decode_error(code: u32, rank: usize, timeout: Duration) -> Error {
     if code & 0xff == ERROR_PEER_TIMEOUT {
         let phase = match (code >> 8) & 0xff {
@@ -390,26 +519,27 @@ fn check_device(ctx: &Arc<CudaContext>) -> Result<()> {
     Ok(())
 }
 
-/// Every pair of distinct devices in the group must reach each other over P2P.
-fn check_peer_access(contexts: &[Arc<CudaContext>]) -> Result<()> {
-    for a in contexts {
-        for b in contexts {
-            if a.ordinal() == b.ordinal() {
+/// Every peer on another device must be reachable peer-to-peer from this one. Peers whose
+/// device this process cannot see are left to the mapping step (which fails if they are not).
+fn check_peer_access(ctx: &CudaContext, mine: &[u8; 16], peers: &[Hello]) -> Result<()> {
+    let count = result::device::get_count().during("cuDeviceGetCount")?;
+    for peer in peers.iter().filter(|h| &h.device != mine) {
+        for ordinal in 0..count {
+            let dev = result::device::get(ordinal).during("cuDeviceGet")?;
+            let uuid = result::device::get_uuid(dev).during("cuDeviceGetUuid")?;
+            if uuid.bytes.map(|b| b as u8) != peer.device {
                 continue;
             }
             let mut can = 0;
-            crate::driver::check(
-                // SAFETY: valid out-pointer and device handles from live contexts.
-                unsafe { sys::cuDeviceCanAccessPeer(&mut can, a.cu_device(), b.cu_device()) },
-                "cuDeviceCanAccessPeer",
-            )?;
+            // SAFETY: valid out-pointer and device handles from the driver.
+            let code = unsafe { sys::cuDeviceCanAccessPeer(&mut can, ctx.cu_device(), dev) };
+            crate::driver::check(code, "cuDeviceCanAccessPeer")?;
             if can == 0 {
                 return Err(Error::Unsupported {
-                    ordinal: a.ordinal(),
+                    ordinal: ctx.ordinal(),
                     reason: format!(
-                        "device {} cannot access device {} peer-to-peer",
-                        a.ordinal(),
-                        b.ordinal()
+                        "device {} cannot access device {ordinal} peer-to-peer",
+                        ctx.ordinal()
                     ),
                 });
             }

@@ -156,6 +156,17 @@ pub enum Error {
         timeout: Duration,
     },
 
+    /// Setup failed on some rank; every rank returns this (or its own error) together.
+    #[error("setup step '{step}' failed on rank {rank}: {reason}")]
+    PeerSetupFailed {
+        /// The collective setup step.
+        step: &'static str,
+        /// The first rank that reported the failure.
+        rank: usize,
+        /// That rank's error.
+        reason: String,
+    },
+
     /// A previous failure made the communicator unusable.
     #[error("the communicator is unusable after an earlier failure ({reason}); create a new one")]
     Poisoned {

@@ -28,6 +28,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
+mod bootstrap;
 mod communicator;
 mod driver;
 mod dtype;
@@ -36,6 +37,7 @@ mod kernels;
 mod plan;
 mod symmetric;
 
+pub use bootstrap::{Bootstrap, LocalHub};
 pub use communicator::Communicator;
 pub use driver::probe::{context, device_count};
 pub use dtype::{DType, Element};
