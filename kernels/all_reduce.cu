@@ -130,6 +130,48 @@ __device__ __forceinline__ void two_shot(const T* in, T* out, uint64_t n, const 
     end_call(a, epoch);
 }
 
+// Zero-copy in place on the symmetric buffers: every rank reads its slice from every peer's
+// buffer, sums it, and writes the sum into that slice of every rank's buffer (its own
+// included). Nobody else reads slice r, so the pushes race with nothing; the end barrier
+// (release/acquire) makes every peer's pushes into this rank's buffer visible before the
+// kernel ends, and tells the peers this rank has stopped reading theirs, so the caller may
+// overwrite the buffer after the call. The tail is summed into registers before the end
+// barrier and written after it.
+template <typename T>
+__device__ __forceinline__ void in_place(uint64_t n, const SymmArgs& a) {
+    const uint32_t epoch = begin_call(a);
+    const uint64_t packs = n / Elem<T>::PER_PACK;
+    const uint64_t slice = (packs + a.world - 1) / a.world;
+    const PackLoop loop;
+    const char* rank0 = symmetric_buffer(a, 0);
+
+    bool ok = block_barrier(a, PHASE_START, epoch);
+    float tail = 0.0f;
+    const uint64_t tail_index = packs * Elem<T>::PER_PACK + threadIdx.x;
+    const bool has_tail = blockIdx.x == 0 && tail_index < n;
+    if (ok) {
+        for (uint64_t i = loop.first; i < slice; i += loop.step) {
+            const uint64_t p = a.rank * slice + i;
+            if (p < packs) {
+                const uint4 r = sum_ranks<T>(a, rank0, p);
+#pragma unroll
+                for (uint32_t q = 0; q < MAX_RANKS; ++q) {
+                    if (q < a.world) reinterpret_cast<uint4*>(symmetric_buffer(a, q))[p] = r;
+                }
+            }
+        }
+        if (has_tail) {
+            for (uint32_t q = 0; q < a.world; ++q) {
+                const float x = Elem<T>::to_float(__ldcg(reinterpret_cast<const T*>(symmetric_buffer(a, q)) + tail_index));
+                tail = q == 0 ? x : tail + x;
+            }
+        }
+        ok = block_barrier(a, PHASE_END, epoch);
+    }
+    if (ok && has_tail) reinterpret_cast<T*>(symmetric_buffer(a, a.rank))[tail_index] = Elem<T>::from_float(tail);
+    end_call(a, epoch);
+}
+
 }  // namespace symm
 
 using symm::SymmArgs;
@@ -143,6 +185,16 @@ using symm::SymmArgs;
         symm_two_shot_##SUFFIX(const T* in, T* out, uint64_t n, SymmArgs a) {                    \
         symm::two_shot<T>(in, out, n, a);                                                        \
     }
+
+#define SYMM_IN_PLACE_KERNEL(SUFFIX, T)                                                          \
+    extern "C" __global__ void __launch_bounds__(symm::THREADS)                                  \
+        symm_in_place_##SUFFIX(const T*, T*, uint64_t n, SymmArgs a) {                           \
+        symm::in_place<T>(n, a);                                                                 \
+    }
+
+SYMM_IN_PLACE_KERNEL(f32, float)
+SYMM_IN_PLACE_KERNEL(f16, __half)
+SYMM_IN_PLACE_KERNEL(bf16, __nv_bfloat16)
 
 SYMM_KERNELS(f32, float)
 SYMM_KERNELS(f16, __half)

@@ -16,8 +16,8 @@ struct SymmArgs {
     uint64_t stride;
     uint64_t signal_offset;  // signal pad: [phase][block][32 slots] of u32, one 128-byte row per block
     uint64_t state_offset;   // this rank's CallState (only the owner touches it)
-    uint64_t data_offset;    // two data buffers (parity 0 and 1) of data_bytes each
-    uint64_t data_bytes;
+    uint64_t data_offset;    // two data buffers (parity 0 and 1) of data_bytes each, then the
+    uint64_t data_bytes;     // user-visible symmetric buffer (data_bytes) at data_offset + 2*data_bytes
     uint64_t error;          // host-mapped u32: 0, or an error code written by a timed-out wait
     uint64_t timeout_ns;     // bound on every wait
     uint32_t rank;
@@ -133,6 +133,11 @@ __device__ __forceinline__ char* rank_alloc(const SymmArgs& a, uint32_t owner) {
 
 __device__ __forceinline__ char* data_buffer(const SymmArgs& a, uint32_t owner, uint32_t parity) {
     return rank_alloc(a, owner) + a.data_offset + parity * a.data_bytes;
+}
+
+// The buffer users write into for the zero-copy in-place all-reduce.
+__device__ __forceinline__ char* symmetric_buffer(const SymmArgs& a, uint32_t owner) {
+    return rank_alloc(a, owner) + a.data_offset + 2 * a.data_bytes;
 }
 
 __device__ __forceinline__ CallState* call_state(const SymmArgs& a) {

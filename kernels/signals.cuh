@@ -17,7 +17,7 @@
 
 namespace symm {
 
-enum Phase : uint32_t { PHASE_START = 0, PHASE_MIDDLE = 1 };
+enum Phase : uint32_t { PHASE_START = 0, PHASE_MIDDLE = 1, PHASE_END = 2 };
 
 __device__ __forceinline__ uint32_t* signal_slot(const SymmArgs& a, uint32_t owner, uint32_t phase,
                                                  uint32_t block, uint32_t from) {

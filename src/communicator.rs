@@ -328,6 +328,84 @@ impl Communicator {
         )
     }
 
+    /// Device address of this rank's symmetric buffer: [`Layout::data_bytes`] bytes (at least
+    /// `Config::capacity_bytes`), 16-byte aligned, mapped by every peer. Write the data to
+    /// reduce there (from your own kernel's epilogue, or with
+    /// [`copy_to_symmetric`](Self::copy_to_symmetric)), then call
+    /// [`all_reduce_symmetric`](Self::all_reduce_symmetric), which skips the copy-in.
+    pub fn symmetric_buffer(&self) -> u64 {
+        self.workspace.symmetric_buffer(self.rank)
+    }
+
+    /// Sums the first `len` elements of every rank's symmetric buffer, in place, zero-copy:
+    /// each rank reduces a 1/W slice from all peers and writes the sum into every rank's
+    /// buffer, with a start and an end barrier. The buffer may be rewritten as soon as the
+    /// call is complete on the stream. Same bits as [`all_reduce`](Self::all_reduce).
+    pub fn all_reduce_symmetric<T: Element>(&self, len: usize, stream: &CudaStream) -> Result<()> {
+        self.check_usable()?;
+        let ptr = self.symmetric_buffer();
+        plan::validate_call(
+            &CallShape {
+                dtype: T::DTYPE,
+                input_len: len,
+                output_len: len,
+                input_addr: ptr,
+                output_addr: ptr,
+                input_device: self.device(),
+                output_device: self.device(),
+                stream_device: stream.context().ordinal(),
+            },
+            self.device(),
+            self.config.capacity_bytes,
+        )?;
+        let plan = self.plan(len, T::DTYPE, Algorithm::TwoShot);
+        self.launch(self.kernels.in_place(T::DTYPE), plan, ptr, ptr, len, stream)
+    }
+
+    /// Copies `src` to the start of this rank's symmetric buffer (asynchronously, capturable).
+    pub fn copy_to_symmetric<T: Element>(&self, src: &impl DevicePtr<T>, stream: &CudaStream) -> Result<()> {
+        self.check_symmetric_copy::<T>(src.len(), src.stream().context().ordinal(), stream)?;
+        let (ptr, _read) = src.device_ptr(stream);
+        self.copy(self.symmetric_buffer(), ptr, src.len() * T::DTYPE.size(), stream)
+    }
+
+    /// Copies the first `dst.len()` elements of this rank's symmetric buffer into `dst`.
+    pub fn copy_from_symmetric<T: Element>(
+        &self,
+        dst: &mut impl DevicePtrMut<T>,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        self.check_symmetric_copy::<T>(dst.len(), dst.stream().context().ordinal(), stream)?;
+        let len = dst.len();
+        let (ptr, _write) = dst.device_ptr_mut(stream);
+        self.copy(ptr, self.symmetric_buffer(), len * T::DTYPE.size(), stream)
+    }
+
+    /// Lengths and devices as for a call, against the symmetric buffer's size (copies need
+    /// no alignment).
+    fn check_symmetric_copy<T: Element>(&self, len: usize, device: usize, stream: &CudaStream) -> Result<()> {
+        let shape = CallShape {
+            dtype: T::DTYPE,
+            input_len: len,
+            output_len: len,
+            input_addr: 0,
+            output_addr: 0,
+            input_device: device,
+            output_device: device,
+            stream_device: stream.context().ordinal(),
+        };
+        plan::validate_call(&shape, self.device(), self.workspace.layout().data_bytes)
+    }
+
+    fn copy(&self, dst: u64, src: u64, bytes: usize, stream: &CudaStream) -> Result<()> {
+        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        // SAFETY: both ranges are device memory of this rank's device: one is the symmetric
+        // buffer, the other a live cudarc buffer of `bytes` bytes; `check_symmetric_copy`
+        // validated the devices and that `bytes` fits the symmetric buffer.
+        let code = unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream.cu_stream()) };
+        crate::driver::check(code, "cuMemcpyDtoDAsync")
+    }
+
     /// Launches the body-less kernel with exactly the grid a call of `len` elements would
     /// use: the benchmark's floor for launch and graph-replay cost.
     #[doc(hidden)]

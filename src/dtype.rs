@@ -1,6 +1,6 @@
 //! Element types the kernels reduce.
 
-use cudarc::driver::DeviceRepr;
+use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 
 /// The element type of an all-reduce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -72,7 +72,9 @@ mod sealed {
 }
 
 /// A type the all-reduce kernels accept: `f32`, `half::f16`, `half::bf16`.
-pub trait Element: sealed::Sealed + DeviceRepr + bytemuck::Pod + Send + Sync + 'static {
+pub trait Element:
+    sealed::Sealed + DeviceRepr + ValidAsZeroBits + bytemuck::Pod + Send + Sync + 'static
+{
     /// Its [`DType`].
     const DTYPE: DType;
 }

@@ -55,6 +55,7 @@ unsafe impl DeviceRepr for SymmArgs {}
 pub(crate) struct Kernels {
     one_shot: [CudaFunction; 3],
     two_shot: [CudaFunction; 3],
+    in_place: [CudaFunction; 3],
     empty: CudaFunction,
 }
 
@@ -90,6 +91,7 @@ impl Kernels {
         Ok(Kernels {
             one_shot: per_dtype("one_shot")?,
             two_shot: per_dtype("two_shot")?,
+            in_place: per_dtype("in_place")?,
             empty: load("symm_empty".to_string())?,
         })
     }
@@ -102,11 +104,17 @@ impl Kernels {
         }
     }
 
+    /// The zero-copy in-place kernel over the symmetric buffers.
+    pub(crate) fn in_place(&self, dtype: DType) -> &CudaFunction {
+        &self.in_place[dtype.index()]
+    }
+
     pub(crate) fn empty(&self) -> &CudaFunction {
         &self.empty
     }
 
-    /// Fewest resident blocks per SM over the dtypes, per algorithm.
+    /// Fewest resident blocks per SM over the dtypes, for one-shot and for the two-shot
+    /// family (two-shot and in-place share that limit).
     pub(crate) fn blocks_per_sm(&self, threads: u32) -> Result<(usize, usize)> {
         let occ = |fs: &[CudaFunction; 3]| -> Result<usize> {
             let mut least = usize::MAX;
@@ -118,7 +126,10 @@ impl Kernels {
             }
             Ok(least)
         };
-        Ok((occ(&self.one_shot)?, occ(&self.two_shot)?))
+        Ok((
+            occ(&self.one_shot)?,
+            occ(&self.two_shot)?.min(occ(&self.in_place)?),
+        ))
     }
 }
 

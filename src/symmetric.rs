@@ -4,11 +4,12 @@
 //! Layout of each rank's allocation (offsets shared with the kernels through `SymmArgs`):
 //!
 //! ```text
-//! 0        signal pad: [phase 0..2][block 0..64][32 u32 slots], one 128-byte row per block;
+//! 0        signal pad: [phase 0..3][block 0..64][32 u32 slots], one 128-byte row per block;
 //!          peers write slot [phase][block][their rank]
-//! 16 KiB   call state: completed-call counter and finished-block counter (owner only)
-//! 64 KiB   data buffer, parity 0 (data_bytes)
+//! 32 KiB   call state: completed-call counter and finished-block counter (owner only)
+//! 64 KiB   data buffer, parity 0 (data_bytes): the kernels' copy of the caller's input
 //! ...      data buffer, parity 1 (data_bytes)
+//! ...      symmetric buffer (data_bytes): the caller's data for the zero-copy in-place call
 //! ```
 
 use crate::driver::vmm::{self, Allocation, PeerMapping};
@@ -16,17 +17,18 @@ use crate::error::Result;
 use crate::plan::MAX_BLOCKS;
 
 pub(crate) const SIGNAL_OFFSET: usize = 0;
-pub(crate) const SIGNAL_PHASES: usize = 2;
+pub(crate) const SIGNAL_PHASES: usize = 3;
 pub(crate) const SIGNAL_ROW_BYTES: usize = 128;
-pub(crate) const STATE_OFFSET: usize = 16 << 10;
+pub(crate) const STATE_OFFSET: usize = 32 << 10;
 pub(crate) const DATA_OFFSET: usize = 64 << 10;
 
 const _: () = assert!(SIGNAL_OFFSET + SIGNAL_PHASES * MAX_BLOCKS * SIGNAL_ROW_BYTES <= STATE_OFFSET);
+const _: () = assert!(STATE_OFFSET + 128 <= DATA_OFFSET);
 
 /// Sizes derived from the configured capacity and the device granularity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
-    /// Bytes of one data buffer (capacity rounded up to 4 KiB).
+    /// Bytes of one data buffer and of the symmetric buffer (capacity rounded up to 4 KiB).
     pub data_bytes: usize,
     /// Bytes of each rank's allocation (and the stride between ranks' mappings).
     pub alloc_bytes: usize,
@@ -36,11 +38,16 @@ impl Layout {
     /// The layout for `capacity` bytes per call.
     pub fn new(capacity: usize, granularity: usize) -> Self {
         let data_bytes = capacity.next_multiple_of(4096);
-        let alloc_bytes = (DATA_OFFSET + 2 * data_bytes).next_multiple_of(granularity);
+        let alloc_bytes = (DATA_OFFSET + 3 * data_bytes).next_multiple_of(granularity);
         Layout {
             data_bytes,
             alloc_bytes,
         }
+    }
+
+    /// Offset of the symmetric buffer inside each rank's allocation.
+    pub fn symmetric_offset(&self) -> usize {
+        DATA_OFFSET + 2 * self.data_bytes
     }
 }
 
@@ -95,6 +102,11 @@ impl Workspace {
     pub(crate) fn layout(&self) -> Layout {
         self.layout
     }
+
+    /// This rank's symmetric buffer, in this rank's address space.
+    pub(crate) fn symmetric_buffer(&self, rank: usize) -> u64 {
+        self.base() + (rank * self.layout.alloc_bytes + self.layout.symmetric_offset()) as u64
+    }
 }
 
 #[cfg(test)]
@@ -108,11 +120,15 @@ mod tests {
         assert_eq!(l.alloc_bytes, 2 << 20);
         let l = Layout::new(64 << 20, 2 << 20);
         assert_eq!(l.data_bytes, 64 << 20);
-        assert_eq!(l.alloc_bytes, 130 << 20);
-        assert!(DATA_OFFSET + 2 * l.data_bytes <= l.alloc_bytes);
+        assert_eq!(l.alloc_bytes, 194 << 20);
+        assert_eq!(
+            l.symmetric_offset() + l.data_bytes,
+            DATA_OFFSET + 3 * l.data_bytes
+        );
+        assert!(l.symmetric_offset() + l.data_bytes <= l.alloc_bytes);
         let l = Layout::new(5000, 4096);
         assert_eq!(l.data_bytes, 8192);
         assert_eq!(l.alloc_bytes % 4096, 0);
-        assert!(DATA_OFFSET + 2 * l.data_bytes <= l.alloc_bytes);
+        assert!(l.symmetric_offset() + l.data_bytes <= l.alloc_bytes);
     }
 }

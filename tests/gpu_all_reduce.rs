@@ -481,3 +481,128 @@ fn stuck_peer_times_out_poisons_and_does_not_hang() {
         comms[1].check_usable().unwrap();
     }
 }
+
+/// Zero-copy in place on the communicator's symmetric buffers: copy in, reduce, copy out,
+/// over many calls enqueued back to back (the next call's copy-in overwrites the buffer right
+/// after the previous reduction: the end barrier must make that safe).
+fn symmetric_rounds<T: TestElem>(
+    world: usize,
+    lens: &[usize],
+    seed: u64,
+    ctx: &Arc<symm_allreduce::cudarc::driver::CudaContext>,
+) {
+    let slot = lens.iter().max().unwrap().next_multiple_of(8);
+    let (comms, streams) = group(ctx, world, config(slot * 4));
+    let mut g = rng(seed);
+    let inputs: Vec<Vec<T>> = (0..world)
+        .map(|_| random_input(&mut g, slot * lens.len()))
+        .collect();
+    let d_in: Vec<CudaSlice<T>> = streams
+        .iter()
+        .zip(&inputs)
+        .map(|(s, x)| s.clone_htod(x).unwrap())
+        .collect();
+    let mut d_out: Vec<CudaSlice<T>> = streams
+        .iter()
+        .map(|s| s.alloc_zeros::<T>(slot * lens.len()).unwrap())
+        .collect();
+    for (c, &len) in lens.iter().enumerate() {
+        let range = c * slot..c * slot + len;
+        for r in 0..world {
+            comms[r]
+                .copy_to_symmetric(&d_in[r].slice(range.clone()), &streams[r])
+                .unwrap();
+        }
+        for r in 0..world {
+            comms[r].all_reduce_symmetric::<T>(len, &streams[r]).unwrap();
+        }
+        for r in 0..world {
+            comms[r]
+                .copy_from_symmetric(&mut d_out[r].slice_mut(range.clone()), &streams[r])
+                .unwrap();
+        }
+    }
+    let outs: Vec<Vec<T>> = (0..world)
+        .map(|r| {
+            comms[r].synchronize(&streams[r]).unwrap();
+            streams[r].clone_dtoh(&d_out[r]).unwrap()
+        })
+        .collect();
+    for (c, &len) in lens.iter().enumerate() {
+        let range = c * slot..c * slot + len;
+        let ins: Vec<Vec<T>> = inputs.iter().map(|x| x[range.clone()].to_vec()).collect();
+        let os: Vec<Vec<T>> = outs.iter().map(|x| x[range.clone()].to_vec()).collect();
+        verify(
+            &ins,
+            &os,
+            &format!("symmetric {} W={world} call {c} len {len}", T::DTYPE),
+        )
+        .unwrap();
+    }
+}
+
+#[test]
+fn symmetric_in_place_every_dtype_and_world_back_to_back() {
+    let Some(ctx) = gpu("symmetric_in_place_every_dtype_and_world_back_to_back") else {
+        return;
+    };
+    let lens = [1usize, 7, 9, 4099, 100_003, 16, 65_536, 3, 250_001, 8];
+    for world in [1usize, 2, 3, 4, 8] {
+        symmetric_rounds::<f32>(world, &lens, world as u64, &ctx);
+        symmetric_rounds::<f16>(world, &lens, 10 + world as u64, &ctx);
+        symmetric_rounds::<bf16>(world, &lens, 20 + world as u64, &ctx);
+    }
+    // Many small calls back to back with varying sizes.
+    let mut g = rng(5);
+    let many: Vec<usize> = (0..300).map(|_| g.random_range(1..=5000)).collect();
+    symmetric_rounds::<bf16>(8, &many, 77, &ctx);
+}
+
+#[test]
+fn symmetric_in_place_replays_in_a_graph() {
+    let Some(ctx) = gpu("symmetric_in_place_replays_in_a_graph") else {
+        return;
+    };
+    const W: usize = 4;
+    let len = 200_003;
+    let (comms, streams) = group(&ctx, W, config(len * 2));
+    let mut d_in: Vec<CudaSlice<bf16>> = streams.iter().map(|s| s.alloc_zeros(len).unwrap()).collect();
+    let mut d_out: Vec<CudaSlice<bf16>> = streams.iter().map(|s| s.alloc_zeros(len).unwrap()).collect();
+    let graphs: Vec<_> = (0..W)
+        .map(|r| {
+            streams[r]
+                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+                .unwrap();
+            comms[r].copy_to_symmetric(&d_in[r], &streams[r]).unwrap();
+            comms[r].all_reduce_symmetric::<bf16>(len, &streams[r]).unwrap();
+            comms[r].copy_from_symmetric(&mut d_out[r], &streams[r]).unwrap();
+            streams[r]
+                .end_capture(CUgraphInstantiate_flags(0))
+                .unwrap()
+                .expect("graph")
+        })
+        .collect();
+    let mut g = rng(8);
+    let pool: Vec<bf16> = random_input(&mut g, len * 3);
+    for replay in 0..50 {
+        let inputs: Vec<Vec<bf16>> = (0..W)
+            .map(|r| {
+                let start = (replay * 7919 + r * 31_337) % (pool.len() - len);
+                pool[start..start + len].to_vec()
+            })
+            .collect();
+        for r in 0..W {
+            streams[r].memcpy_htod(&inputs[r], &mut d_in[r]).unwrap();
+        }
+        for graph in &graphs {
+            graph.launch().unwrap();
+        }
+        let outs: Vec<Vec<bf16>> = (0..W)
+            .map(|r| {
+                comms[r].synchronize(&streams[r]).unwrap();
+                streams[r].clone_dtoh(&d_out[r]).unwrap()
+            })
+            .collect();
+        verify(&inputs, &outs, &format!("symmetric graph replay {replay}")).unwrap();
+    }
+}
