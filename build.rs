@@ -17,10 +17,13 @@ const SOURCES: &[&str] = &[
     "kernels/signals.cuh",
 ];
 const MAIN_SOURCE: &str = "kernels/all_reduce.cu";
+const NVTX_SHIM: &str = "kernels/nvtx_shim.c";
 const LOCAL_NVCC: &str = ".toolchain/nvcc/nvidia/cu13/bin/nvcc";
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(symm_kernels)");
+    println!("cargo::rustc-check-cfg=cfg(symm_nvtx)");
+    println!("cargo:rerun-if-changed={NVTX_SHIM}");
     for s in SOURCES {
         println!("cargo:rerun-if-changed={s}");
     }
@@ -32,6 +35,7 @@ fn main() {
         "CUDA_NVCC_FLAGS",
         "DOCS_RS",
         "SYMM_ALLREDUCE_REQUIRE_KERNELS",
+        "CC",
     ] {
         println!("cargo:rerun-if-env-changed={v}");
     }
@@ -56,7 +60,10 @@ fn main() {
     match result {
         Ok(nvcc) => {
             println!("cargo:rustc-cfg=symm_kernels");
-            println!("cargo:rustc-env=SYMM_ALLREDUCE_NVCC={nvcc}");
+            println!("cargo:rustc-env=SYMM_ALLREDUCE_NVCC={}", nvcc.display());
+            if let Err(reason) = build_nvtx(&nvcc, &manifest, &out) {
+                println!("cargo:warning=symm-allreduce: NVTX ranges disabled ({reason})");
+            }
         }
         Err(reason) => {
             if require {
@@ -93,7 +100,7 @@ fn find_nvcc(manifest: &Path) -> Option<PathBuf> {
     candidates.into_iter().find(|p| p.is_file())
 }
 
-fn compile(nvcc: &Path, manifest: &Path, out: &Path) -> Result<String, String> {
+fn compile(nvcc: &Path, manifest: &Path, out: &Path) -> Result<PathBuf, String> {
     let source = manifest.join(MAIN_SOURCE);
     let mut common: Vec<String> = vec!["-O3".into(), "-std=c++17".into(), "-lineinfo".into()];
     if let Ok(ccbin) = env::var("NVCC_CCBIN") {
@@ -122,7 +129,37 @@ fn compile(nvcc: &Path, manifest: &Path, out: &Path) -> Result<String, String> {
         .arg(out.join("kernels.ptx"))
         .arg(&source);
     run(cmd)?;
-    Ok(nvcc.display().to_string())
+    Ok(nvcc.to_path_buf())
+}
+
+/// Compiles the NVTX shim with the host C compiler against the NVTX3 headers of the CUDA
+/// installation nvcc belongs to, and links it statically (NVTX3 needs only libdl).
+fn build_nvtx(nvcc: &Path, manifest: &Path, out: &Path) -> Result<(), String> {
+    let root = nvcc
+        .parent()
+        .and_then(Path::parent)
+        .ok_or("nvcc has no installation root")?;
+    let include = [root.join("include"), root.join("targets/x86_64-linux/include")]
+        .into_iter()
+        .find(|d| d.join("nvtx3/nvToolsExt.h").is_file())
+        .ok_or_else(|| format!("no nvtx3/nvToolsExt.h under {}", root.display()))?;
+    let cc = env::var("CC").unwrap_or_else(|_| "cc".into());
+    let object = out.join("nvtx_shim.o");
+    let mut cmd = Command::new(&cc);
+    cmd.args(["-c", "-O2", "-fPIC", "-I"])
+        .arg(&include)
+        .arg(manifest.join(NVTX_SHIM))
+        .arg("-o")
+        .arg(&object);
+    run(cmd)?;
+    let mut cmd = Command::new("ar");
+    cmd.arg("crs").arg(out.join("libsymm_nvtx.a")).arg(&object);
+    run(cmd)?;
+    println!("cargo:rustc-link-search=native={}", out.display());
+    println!("cargo:rustc-link-lib=static=symm_nvtx");
+    println!("cargo:rustc-link-lib=dylib=dl");
+    println!("cargo:rustc-cfg=symm_nvtx");
+    Ok(())
 }
 
 /// Runs nvcc; returns its stderr (the ptxas report) on success.

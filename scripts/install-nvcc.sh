@@ -8,7 +8,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dest="$root/.toolchain/nvcc"
 nvcc="$dest/nvidia/cu13/bin/nvcc"
-if [ -x "$nvcc" ] && "$nvcc" --version | grep -q "V13.0.88"; then
+if [ -x "$nvcc" ] && "$nvcc" --version | grep -q "V13.0.88" && [ -f "$dest/nvidia/cu13/include/nvtx3/nvToolsExt.h" ]; then
   echo "nvcc already installed: $nvcc"
   exit 0
 fi
@@ -17,6 +17,6 @@ mkdir -p "$dest"
 python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
   --target "$dest" \
   nvidia-cuda-nvcc==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-cuda-runtime==13.0.96 \
-  nvidia-cuda-cccl==13.0.85 nvidia-nvvm==13.0.88
+  nvidia-cuda-cccl==13.0.85 nvidia-nvvm==13.0.88 nvidia-nvtx==13.0.85
 "$nvcc" --version | tail -n 2
 echo "nvcc installed: $nvcc"
