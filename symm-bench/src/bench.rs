@@ -1,0 +1,602 @@
+//! The GPU side: placement, communicators, buffers, verification and the timed rows.
+
+use std::sync::Arc;
+
+use indicatif::ProgressBar;
+use symm_allreduce::cudarc::driver::{sys, CudaContext, CudaGraph, CudaSlice, CudaStream, DriverError};
+use symm_allreduce::cudarc::nccl::{group_end, group_start, ReduceOp};
+use symm_allreduce::{Algorithm, Communicator, Config, DType};
+
+use crate::args::{format_size, round_to_elements, AlgoChoice, Mode, RunPlan};
+use crate::data::{random_input, seed, BenchElem, Expected};
+use crate::nccl::Baseline;
+use crate::report::Row;
+use crate::timing::{Stats, Timer};
+
+const GIB: usize = 1 << 30;
+/// Device memory left free beside the benchmark's own (driver, NCCL, graphs).
+const HEADROOM: usize = GIB;
+
+/// What went wrong in a row or in setup.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// From symm-allreduce.
+    #[error(transparent)]
+    Symm(#[from] symm_allreduce::Error),
+    /// A cudarc driver call.
+    #[error("CUDA call failed: {0}")]
+    Cuda(#[from] DriverError),
+    /// An NCCL call.
+    #[error("NCCL call {0} failed: {1}")]
+    Nccl(&'static str, String),
+    /// Stream capture gave no graph.
+    #[error("stream capture produced no graph")]
+    EmptyCapture,
+    /// Rank 0's output is not the sum.
+    #[error("{0}")]
+    Verify(String),
+    /// A timing run produced no sample.
+    #[error("no timing samples")]
+    NoSamples,
+}
+
+/// Where the ranks run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// W ranks on one device.
+    Virtual { device: usize },
+    /// Rank r on device r.
+    PerGpu,
+}
+
+impl Placement {
+    /// `virtual` or `per_gpu`, as in the results.
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::Virtual { .. } => "virtual",
+            Placement::PerGpu => "per_gpu",
+        }
+    }
+}
+
+/// The communicators, streams and timers of one run.
+pub struct Bench {
+    // Field order is drop order: timing events, then the communicators (whose Drop
+    // synchronises), then NCCL (leaked in `Drop`), then streams.
+    timer: Timer,
+    nccl_timer: Option<Timer>,
+    comms: Vec<Communicator>,
+    nccl: Baseline,
+    nccl_broken: Option<String>,
+    streams: Vec<Arc<CudaStream>>,
+    ctxs: Vec<Arc<CudaContext>>,
+    placement: Placement,
+}
+
+impl Drop for Bench {
+    fn drop(&mut self) {
+        if let Baseline::Ready { comms } = &mut self.nccl {
+            // cudarc's Comm::drop panics when ncclCommAbort fails; the process is about to
+            // exit and the driver reclaims the communicators, so they are leaked instead.
+            std::mem::forget(std::mem::take(comms));
+        }
+    }
+}
+
+/// Contexts with cudarc's per-buffer event tracking off.
+pub fn contexts(placement: Placement, world: usize) -> Result<Vec<Arc<CudaContext>>, symm_allreduce::Error> {
+    let ctxs = match placement {
+        Placement::Virtual { device } => vec![symm_allreduce::context(device)?; world],
+        Placement::PerGpu => (0..world)
+            .map(symm_allreduce::context)
+            .collect::<Result<Vec<_>, _>>()?,
+    };
+    for ctx in &ctxs {
+        // SAFETY: this runs before any stream or buffer exists. Afterwards every buffer is
+        // used only on streams that the fork/join events (or a synchronize) order, and all
+        // streams are synchronised before a buffer is read back or dropped.
+        unsafe { ctx.disable_event_tracking() };
+    }
+    Ok(ctxs)
+}
+
+/// Free device memory on the least free device of `ctxs`.
+pub fn free_memory(ctxs: &[Arc<CudaContext>]) -> Result<usize, DriverError> {
+    let mut free = usize::MAX;
+    for ctx in ctxs {
+        ctx.bind_to_thread()?;
+        free = free.min(ctx.mem_get_info()?.0);
+    }
+    Ok(free)
+}
+
+/// The largest message per rank that fits: each rank needs 2·capacity of workspace plus an
+/// input and an output, and `ranks_per_device` ranks share a device.
+pub fn max_fitting_size(free: usize, ranks_per_device: usize) -> usize {
+    free.saturating_sub(HEADROOM) / (4 * ranks_per_device.max(1))
+}
+
+/// Median bandwidth of a 1 GiB device-to-device copy on `stream`, counting read and write
+/// bytes, in GB/s.
+pub fn d2d_copy_gbs(stream: &Arc<CudaStream>) -> Result<f64, BenchError> {
+    let src = stream.alloc_zeros::<u8>(GIB)?;
+    let mut dst = stream.alloc_zeros::<u8>(GIB)?;
+    let mut timer = Timer::new(std::slice::from_ref(stream))?;
+    let mut copy = || -> Result<(), BenchError> { Ok(stream.memcpy_dtod(&src, &mut dst)?) };
+    timer.time(1, 1, &mut copy)?;
+    let t = timer.time(10, 1, &mut copy)?;
+    stream.synchronize()?;
+    let us = Stats::of(&t.round_us).map_or(f64::NAN, |s| s.median);
+    Ok(2.0 * GIB as f64 / us / 1e3)
+}
+
+/// Timings of one launch structure.
+struct Measured {
+    stats: Stats,
+    samples: usize,
+    host_us: f64,
+}
+
+/// Captures `ops` calls of `round` (which enqueues on every stream) into one graph per
+/// stream, all streams captured together.
+fn capture(
+    streams: &[Arc<CudaStream>],
+    ops: usize,
+    round: &mut dyn FnMut() -> Result<(), BenchError>,
+) -> Result<Vec<CudaGraph>, BenchError> {
+    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    let mut error: Option<BenchError> = None;
+    let mut begun = 0;
+    for s in streams {
+        match s.begin_capture(mode) {
+            Ok(()) => begun += 1,
+            Err(e) => {
+                error = Some(e.into());
+                break;
+            }
+        }
+    }
+    if error.is_none() {
+        for _ in 0..ops {
+            if let Err(e) = round() {
+                error = Some(e);
+                break;
+            }
+        }
+    }
+    let mut graphs = Vec::with_capacity(begun);
+    for s in &streams[..begun] {
+        // Every begun capture is ended, also after an error, so the stream is usable again.
+        match s.end_capture(sys::CUgraphInstantiate_flags(0)) {
+            Ok(Some(g)) => graphs.push(g),
+            Ok(None) => {
+                error.get_or_insert(BenchError::EmptyCapture);
+            }
+            Err(e) => {
+                error.get_or_insert(e.into());
+            }
+        }
+    }
+    if let Some(e) = error {
+        return Err(e);
+    }
+    for g in &graphs {
+        g.upload()?;
+    }
+    Ok(graphs)
+}
+
+/// Times `round` (one all-reduce, or one empty kernel, per rank) in `mode`.
+fn measure(
+    timer: &mut Timer,
+    streams: &[Arc<CudaStream>],
+    mode: Mode,
+    rounds: usize,
+    round: &mut dyn FnMut() -> Result<(), BenchError>,
+) -> Result<Measured, BenchError> {
+    let per_sample = mode.rounds_per_sample();
+    let samples = rounds.div_ceil(per_sample);
+    let timed = match mode {
+        Mode::Eager => {
+            timer.time(1, per_sample, round)?;
+            timer.time(samples, per_sample, round)?
+        }
+        Mode::GraphAmortised | Mode::GraphIsolated => {
+            let graphs = capture(streams, mode.ops_per_round(), round)?;
+            let mut launch = || -> Result<(), BenchError> {
+                for g in &graphs {
+                    g.launch()?;
+                }
+                Ok(())
+            };
+            timer.time(2, 1, &mut launch)?;
+            let t = timer.time(samples, 1, &mut launch)?;
+            for s in streams {
+                s.synchronize()?;
+            }
+            t
+        }
+    };
+    let ops = mode.ops_per_round() as f64;
+    let per_op: Vec<f64> = timed.round_us.iter().map(|t| t / ops).collect();
+    Ok(Measured {
+        stats: Stats::of(&per_op).ok_or(BenchError::NoSamples)?,
+        samples: per_op.len(),
+        host_us: timed.host_us_per_round / streams.len() as f64,
+    })
+}
+
+/// One size's buffers: inputs, outputs and the expected sums.
+struct Buffers<T> {
+    inputs: Vec<CudaSlice<T>>,
+    outputs: Vec<CudaSlice<T>>,
+    /// Sum over all ranks.
+    all: Expected,
+    /// Rank 0's input alone (NCCL with world 1).
+    first: Expected,
+}
+
+impl Bench {
+    /// Streams, communicators and the NCCL baseline over `ctxs`.
+    pub fn new(
+        ctxs: Vec<Arc<CudaContext>>,
+        placement: Placement,
+        capacity_bytes: usize,
+        with_nccl: bool,
+    ) -> Result<Bench, BenchError> {
+        let streams = ctxs
+            .iter()
+            .map(|c| c.new_stream())
+            .collect::<Result<Vec<_>, _>>()?;
+        let config = Config {
+            capacity_bytes,
+            ..Config::default()
+        };
+        let comms = Communicator::local_group(&ctxs, config)?;
+        let timer = Timer::new(&streams)?;
+        let nccl_streams = match placement {
+            Placement::Virtual { .. } => vec![streams[0].clone()],
+            Placement::PerGpu => streams.clone(),
+        };
+        let (nccl, nccl_timer) = if with_nccl {
+            (
+                Baseline::new(nccl_streams.clone()),
+                Some(Timer::new(&nccl_streams)?),
+            )
+        } else {
+            (Baseline::Skipped("not requested".into()), None)
+        };
+        Ok(Bench {
+            timer,
+            nccl_timer,
+            comms,
+            nccl,
+            nccl_broken: None,
+            streams,
+            ctxs,
+            placement,
+        })
+    }
+
+    /// Number of ranks.
+    pub fn world(&self) -> usize {
+        self.comms.len()
+    }
+
+    /// Names of the devices in use, rank order, without repeats.
+    pub fn device_names(&self) -> Vec<String> {
+        let mut names = Vec::new();
+        let mut seen = Vec::new();
+        for ctx in &self.ctxs {
+            if !seen.contains(&ctx.ordinal()) {
+                seen.push(ctx.ordinal());
+                let name = ctx.name().unwrap_or_else(|e| format!("unknown ({e})"));
+                names.push(format!("{}: {name}", ctx.ordinal()));
+            }
+        }
+        names
+    }
+
+    /// Whether NCCL rows run.
+    pub fn nccl_ready(&self) -> bool {
+        matches!(self.nccl, Baseline::Ready { .. }) && self.nccl_broken.is_none()
+    }
+
+    /// The NCCL line for the header.
+    pub fn nccl_status(&self) -> String {
+        match &self.nccl_broken {
+            Some(why) => format!("{} — stopped after an error: {why}", self.nccl.describe()),
+            None => self.nccl.describe(),
+        }
+    }
+
+    /// Median replay of one graph per rank holding one empty kernel with the grid of an
+    /// 8 KiB bf16 one-shot: the W-rank graph replay floor. Returns (µs, blocks per rank).
+    pub fn empty_graph_floor(&mut self) -> Result<(f64, u32), BenchError> {
+        let len = 4096;
+        let plan = self.comms[0].plan(len, DType::BF16, Algorithm::OneShot);
+        let (comms, streams) = (&self.comms, &self.streams);
+        let mut round = || -> Result<(), BenchError> {
+            for (c, s) in comms.iter().zip(streams) {
+                c.launch_empty(len, DType::BF16, s, Algorithm::OneShot)?;
+            }
+            Ok(())
+        };
+        let m = measure(&mut self.timer, streams, Mode::GraphIsolated, 200, &mut round)?;
+        Ok((m.stats.median, plan.blocks))
+    }
+
+    /// Runs every algorithm and mode at one size. Row-level problems (verification, NCCL)
+    /// are reported through `pb` and in `failures`; other errors end the run.
+    pub fn run_size<T: BenchElem>(
+        &mut self,
+        plan: &RunPlan,
+        size: usize,
+        rows: &mut Vec<Row>,
+        failures: &mut Vec<String>,
+        pb: &ProgressBar,
+    ) -> Result<(), BenchError> {
+        let dtype = T::DTYPE;
+        let bytes = round_to_elements(size, dtype);
+        let len = bytes / dtype.size();
+        pb.set_message(format!("{dtype} {}: filling inputs", format_size(bytes)));
+        let mut buffers = self.buffers::<T>(bytes, len)?;
+        for &algo in &plan.algos {
+            if !plan.runs(algo, size) {
+                continue;
+            }
+            pb.set_message(format!("{dtype} {} {}", format_size(bytes), algo.name()));
+            let result = match algo.symm() {
+                Some(a) => self.symm_rows(plan, a, algo, bytes, len, &mut buffers, rows),
+                None => self.nccl_rows(plan, bytes, len, &mut buffers, rows),
+            };
+            match result {
+                Ok(()) => {}
+                Err(BenchError::Verify(why)) => {
+                    let msg = format!(
+                        "{dtype} {bytes} B {}: verification failed, row skipped: {why}",
+                        algo.name()
+                    );
+                    pb.suspend(|| eprintln!("symm-bench: {msg}"));
+                    failures.push(msg);
+                }
+                Err(e) if algo == AlgoChoice::Nccl => {
+                    let msg = format!("{dtype} {bytes} B nccl: {e}; NCCL rows stop here");
+                    pb.suspend(|| eprintln!("symm-bench: {msg}"));
+                    failures.push(msg);
+                    self.nccl_broken = Some(e.to_string());
+                }
+                Err(e) => return Err(e),
+            }
+            pb.inc(1);
+        }
+        for s in &self.streams {
+            s.synchronize()?;
+        }
+        Ok(())
+    }
+
+    fn buffers<T: BenchElem>(&self, bytes: usize, len: usize) -> Result<Buffers<T>, BenchError> {
+        let mut all = Expected::new(len);
+        let mut first = Expected::new(len);
+        let mut inputs = Vec::with_capacity(self.world());
+        let mut outputs = Vec::with_capacity(self.world());
+        for (r, s) in self.streams.iter().enumerate() {
+            let host = random_input::<T>(len, seed(bytes, T::DTYPE, r));
+            all.add(&host);
+            if r == 0 {
+                first.add(&host);
+            }
+            inputs.push(s.clone_htod(&host)?);
+            outputs.push(s.alloc_zeros::<T>(len)?);
+            // The upload reads `host` asynchronously: wait before it is dropped.
+            s.synchronize()?;
+        }
+        Ok(Buffers {
+            inputs,
+            outputs,
+            all,
+            first,
+        })
+    }
+
+    /// Zeroes the outputs of the first `ranks` ranks.
+    fn clear<T: BenchElem>(&self, b: &mut Buffers<T>, ranks: usize) -> Result<(), BenchError> {
+        for (s, out) in self.streams.iter().zip(&mut b.outputs).take(ranks) {
+            s.memset_zeros(out)?;
+            s.synchronize()?;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn symm_rows<T: BenchElem>(
+        &mut self,
+        plan: &RunPlan,
+        algorithm: Algorithm,
+        algo: AlgoChoice,
+        bytes: usize,
+        len: usize,
+        b: &mut Buffers<T>,
+        rows: &mut Vec<Row>,
+    ) -> Result<(), BenchError> {
+        let dtype = T::DTYPE;
+        let world = self.world();
+        let kernel = self.comms[0].plan(len, dtype, algorithm);
+
+        // Verify once: zeroed outputs, one call per rank, compare rank 0 with the sum.
+        self.clear(b, world)?;
+        for (r, out) in b.outputs.iter_mut().enumerate() {
+            self.comms[r].all_reduce_with(&b.inputs[r], out, &self.streams[r], algorithm)?;
+        }
+        for (c, s) in self.comms.iter().zip(&self.streams) {
+            c.synchronize(s)?;
+        }
+        let got = self.streams[0].clone_dtoh(&b.outputs[0])?;
+        b.all.check(&got).map_err(BenchError::Verify)?;
+
+        let (comms, streams) = (&self.comms, &self.streams);
+        let (inputs, outputs) = (&b.inputs, &mut b.outputs);
+        for &mode in &plan.modes {
+            let rounds = plan.rounds(mode);
+            let mut real = || -> Result<(), BenchError> {
+                for (r, out) in outputs.iter_mut().enumerate() {
+                    comms[r].all_reduce_with(&inputs[r], out, &streams[r], algorithm)?;
+                }
+                Ok(())
+            };
+            let m = measure(&mut self.timer, streams, mode, rounds, &mut real)?;
+            let mut empty = || -> Result<(), BenchError> {
+                for (c, s) in comms.iter().zip(streams) {
+                    c.launch_empty(len, dtype, s, algorithm)?;
+                }
+                Ok(())
+            };
+            let e = measure(&mut self.timer, streams, mode, rounds, &mut empty)?;
+            for (c, s) in comms.iter().zip(streams) {
+                c.synchronize(s)?;
+            }
+            rows.push(
+                Row {
+                    dtype: dtype.name().into(),
+                    mode,
+                    algo: algo.name().into(),
+                    kernel: kernel.algorithm.name().into(),
+                    placement: self.placement.name().into(),
+                    world,
+                    blocks: Some(kernel.blocks),
+                    size_bytes: bytes,
+                    count: len,
+                    time_us: m.stats.median,
+                    p10_us: m.stats.p10,
+                    p90_us: m.stats.p90,
+                    samples: m.samples,
+                    empty_us: Some(e.stats.median),
+                    over_empty_us: None,
+                    host_us: m.host_us,
+                    empty_host_us: Some(e.host_us),
+                    algbw_gbs: 0.0,
+                    busbw_gbs: 0.0,
+                    hbm_gbs: 0.0,
+                    vs_nccl: None,
+                }
+                .with_derived(),
+            );
+        }
+        Ok(())
+    }
+
+    fn nccl_rows<T: BenchElem>(
+        &mut self,
+        plan: &RunPlan,
+        bytes: usize,
+        len: usize,
+        b: &mut Buffers<T>,
+        rows: &mut Vec<Row>,
+    ) -> Result<(), BenchError> {
+        let Some(mut timer) = self.nccl_timer.take() else {
+            return Ok(());
+        };
+        let comms = match (&self.nccl, &self.nccl_broken) {
+            (Baseline::Ready { comms }, None) => comms.as_slice(),
+            _ => {
+                self.nccl_timer = Some(timer);
+                return Ok(());
+            }
+        };
+        let n = comms.len();
+        let result = (|| {
+            self.clear(b, n)?;
+            nccl_round(comms, &b.inputs, &mut b.outputs)?;
+            for s in &self.streams[..n] {
+                s.synchronize()?;
+            }
+            let got = self.streams[0].clone_dtoh(&b.outputs[0])?;
+            let expected = if n == 1 { &b.first } else { &b.all };
+            expected.check(&got).map_err(BenchError::Verify)?;
+            let (inputs, outputs) = (&b.inputs, &mut b.outputs);
+            let mut round = || nccl_round(comms, inputs, outputs);
+            for &mode in &plan.modes {
+                let m = measure(
+                    &mut timer,
+                    &self.streams[..n],
+                    mode,
+                    plan.rounds(mode),
+                    &mut round,
+                )?;
+                rows.push(
+                    Row {
+                        dtype: T::DTYPE.name().into(),
+                        mode,
+                        algo: "nccl".into(),
+                        kernel: "nccl".into(),
+                        placement: self.placement.name().into(),
+                        world: n,
+                        blocks: None,
+                        size_bytes: bytes,
+                        count: len,
+                        time_us: m.stats.median,
+                        p10_us: m.stats.p10,
+                        p90_us: m.stats.p90,
+                        samples: m.samples,
+                        empty_us: None,
+                        over_empty_us: None,
+                        host_us: m.host_us,
+                        empty_host_us: None,
+                        algbw_gbs: 0.0,
+                        busbw_gbs: 0.0,
+                        hbm_gbs: 0.0,
+                        vs_nccl: None,
+                    }
+                    .with_derived(),
+                );
+            }
+            Ok(())
+        })();
+        self.nccl_timer = Some(timer);
+        result
+    }
+}
+
+/// One NCCL all-reduce per NCCL rank (grouped when there are several).
+fn nccl_round<T: BenchElem>(
+    comms: &[symm_allreduce::cudarc::nccl::Comm],
+    inputs: &[CudaSlice<T>],
+    outputs: &mut [CudaSlice<T>],
+) -> Result<(), BenchError> {
+    let nccl_err = |call: &'static str| {
+        move |e: symm_allreduce::cudarc::nccl::result::NcclError| BenchError::Nccl(call, format!("{:?}", e.0))
+    };
+    if comms.len() == 1 {
+        comms[0]
+            .all_reduce(&inputs[0], &mut outputs[0], &ReduceOp::Sum)
+            .map_err(nccl_err("ncclAllReduce"))?;
+        return Ok(());
+    }
+    group_start().map_err(nccl_err("ncclGroupStart"))?;
+    let mut result = Ok(());
+    for ((c, i), o) in comms.iter().zip(inputs).zip(outputs.iter_mut()) {
+        if let Err(e) = c.all_reduce(i, o, &ReduceOp::Sum) {
+            result = Err(nccl_err("ncclAllReduce")(e));
+            break;
+        }
+    }
+    // The group is always closed, also after a failed call.
+    let end = group_end().map_err(nccl_err("ncclGroupEnd"));
+    result.and(end.map(|_| ()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_fit_in_free_memory() {
+        // 141 GB free, 8 virtual ranks: (141 - 1) GiB / 32.
+        let free = 141usize << 30;
+        assert_eq!(max_fitting_size(free, 8), (140usize << 30) / 32);
+        assert!(max_fitting_size(free, 8) >= 256 << 20);
+        assert_eq!(max_fitting_size(free, 1), (140usize << 30) / 4);
+        assert_eq!(max_fitting_size(1 << 20, 8), 0);
+    }
+}

@@ -1,0 +1,391 @@
+//! Result rows, the bandwidth arithmetic, the nccl-tests-style tables and the CSV/JSON files.
+
+use std::fmt::Write as _;
+use std::io;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::args::Mode;
+
+/// One measured (dtype, mode, algo, size). Columns are documented in `main.rs` and README.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Row {
+    pub dtype: String,
+    pub mode: Mode,
+    pub algo: String,
+    pub kernel: String,
+    pub placement: String,
+    pub world: usize,
+    pub blocks: Option<u32>,
+    pub size_bytes: usize,
+    pub count: usize,
+    pub time_us: f64,
+    pub p10_us: f64,
+    pub p90_us: f64,
+    pub samples: usize,
+    pub empty_us: Option<f64>,
+    pub over_empty_us: Option<f64>,
+    pub host_us: f64,
+    pub empty_host_us: Option<f64>,
+    pub algbw_gbs: f64,
+    pub busbw_gbs: f64,
+    pub hbm_gbs: f64,
+    pub vs_nccl: Option<f64>,
+}
+
+/// CSV header, in `Row` field order.
+pub const CSV_HEADER: &str = "dtype,mode,algo,kernel,placement,world,blocks,size_bytes,count,time_us,p10_us,\
+p90_us,samples,empty_us,over_empty_us,host_us,empty_host_us,algbw_gbs,busbw_gbs,hbm_gbs,vs_nccl";
+
+/// algbw = S / t, in GB/s (10^9 bytes per second), for `bytes` and `us` microseconds.
+pub fn algbw_gbs(bytes: usize, us: f64) -> f64 {
+    bytes as f64 / us / 1e3
+}
+
+/// busbw = algbw · 2(W-1)/W, as nccl-tests reports for all-reduce.
+pub fn busbw_gbs(algbw: f64, world: usize) -> f64 {
+    algbw * 2.0 * (world as f64 - 1.0) / world as f64
+}
+
+/// Distinct HBM bytes over time: every rank's input read once and output written once,
+/// 2·W·S / t, in GB/s.
+pub fn hbm_gbs(bytes: usize, world: usize, us: f64) -> f64 {
+    2.0 * world as f64 * bytes as f64 / us / 1e3
+}
+
+impl Row {
+    /// Fills the derived columns from the measured ones.
+    pub fn with_derived(mut self) -> Row {
+        self.algbw_gbs = algbw_gbs(self.size_bytes, self.time_us);
+        self.busbw_gbs = busbw_gbs(self.algbw_gbs, self.world);
+        self.hbm_gbs = hbm_gbs(self.size_bytes, self.world, self.time_us);
+        self.over_empty_us = self.empty_us.map(|e| self.time_us - e);
+        self
+    }
+
+    /// Whether this is the NCCL baseline.
+    pub fn is_nccl(&self) -> bool {
+        self.algo == "nccl"
+    }
+
+    /// The algorithm as shown in the tables.
+    pub fn label(&self, group_world: usize) -> String {
+        if self.is_nccl() && self.world != group_world {
+            format!("nccl (world {}: one GPU)", self.world)
+        } else if self.algo != self.kernel {
+            format!("{}→{}", self.algo, self.kernel)
+        } else {
+            self.algo.clone()
+        }
+    }
+
+    /// One CSV line (no newline), fields in `CSV_HEADER` order.
+    pub fn csv(&self) -> String {
+        let opt = |v: Option<f64>| v.map(|x| format!("{x:.4}")).unwrap_or_default();
+        [
+            self.dtype.clone(),
+            self.mode.name().to_string(),
+            self.algo.clone(),
+            self.kernel.clone(),
+            self.placement.clone(),
+            self.world.to_string(),
+            self.blocks.map(|b| b.to_string()).unwrap_or_default(),
+            self.size_bytes.to_string(),
+            self.count.to_string(),
+            format!("{:.4}", self.time_us),
+            format!("{:.4}", self.p10_us),
+            format!("{:.4}", self.p90_us),
+            self.samples.to_string(),
+            opt(self.empty_us),
+            opt(self.over_empty_us),
+            format!("{:.4}", self.host_us),
+            opt(self.empty_host_us),
+            format!("{:.4}", self.algbw_gbs),
+            format!("{:.4}", self.busbw_gbs),
+            format!("{:.4}", self.hbm_gbs),
+            opt(self.vs_nccl),
+        ]
+        .join(",")
+    }
+}
+
+/// Sets `vs_nccl` = time / NCCL's time for every non-NCCL row whose (dtype, mode, size) has
+/// an NCCL row.
+pub fn fill_nccl_ratios(rows: &mut [Row]) {
+    let nccl: Vec<(String, Mode, usize, f64)> = rows
+        .iter()
+        .filter(|r| r.is_nccl())
+        .map(|r| (r.dtype.clone(), r.mode, r.size_bytes, r.time_us))
+        .collect();
+    for r in rows.iter_mut().filter(|r| !r.is_nccl()) {
+        r.vs_nccl = nccl
+            .iter()
+            .find(|(d, m, s, _)| *d == r.dtype && *m == r.mode && *s == r.size_bytes)
+            .map(|&(_, _, _, t)| r.time_us / t);
+    }
+}
+
+/// The whole CSV file.
+pub fn csv(rows: &[Row]) -> String {
+    let mut s = String::from(CSV_HEADER);
+    s.push('\n');
+    for r in rows {
+        s.push_str(&r.csv());
+        s.push('\n');
+    }
+    s
+}
+
+/// Run-wide facts stored beside the rows in results.json.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Meta {
+    pub tool: String,
+    pub devices: Vec<String>,
+    pub placement: String,
+    pub world: usize,
+    pub capacity_bytes: usize,
+    pub nccl: String,
+    /// cuMemcpyDtoDAsync of 1 GiB, (read + write bytes) / median time, GB/s.
+    pub d2d_copy_gbs: Option<f64>,
+    /// Median replay of one graph per rank holding one empty kernel (W ranks, fork/join).
+    pub empty_graph_floor_us: Option<f64>,
+    /// The grid of that empty kernel: blocks per rank.
+    pub empty_graph_floor_blocks: Option<u32>,
+    pub gate_timeouts: usize,
+    pub notes: Vec<String>,
+    pub failures: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct Results<'a> {
+    meta: &'a Meta,
+    rows: &'a [Row],
+}
+
+/// Writes results.csv and results.json into `dir`.
+pub fn write_files(dir: &Path, meta: &Meta, rows: &[Row]) -> io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("results.csv"), csv(rows))?;
+    let json = serde_json::to_string_pretty(&Results { meta, rows }).map_err(io::Error::other)?;
+    std::fs::write(dir.join("results.json"), json + "\n")
+}
+
+/// The nccl-tests-style table of one dtype and mode (rows in the order given).
+pub fn table(rows: &[&Row], dtype: &str, mode: Mode, group_world: usize, title: &str) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "#\n# dtype {dtype}, mode {} — {title}", mode.name());
+    let _ = writeln!(
+        s,
+        "# {:>10} {:>10}  {:<24} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8}",
+        "size",
+        "count",
+        "algo",
+        "time_us",
+        "p10_us",
+        "p90_us",
+        "empty_us",
+        "-empty",
+        "host_us",
+        "algbw",
+        "busbw",
+        "hbm_GB/s",
+        "vs_nccl"
+    );
+    let opt = |v: Option<f64>, prec: usize| v.map_or_else(|| "-".to_string(), |x| format!("{x:.prec$}"));
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "  {:>10} {:>10}  {:<24} {:>9.2} {:>9.2} {:>9.2} {:>9} {:>9} {:>8.2} {:>8.2} {:>8.2} {:>9.1} {:>8}",
+            r.size_bytes,
+            r.count,
+            r.label(group_world),
+            r.time_us,
+            r.p10_us,
+            r.p90_us,
+            opt(r.empty_us, 2),
+            opt(r.over_empty_us, 2),
+            r.host_us,
+            r.algbw_gbs,
+            r.busbw_gbs,
+            r.hbm_gbs,
+            opt(r.vs_nccl, 2),
+        );
+    }
+    s
+}
+
+/// The one-GPU target proxies of the performance guide, where the rows exist.
+pub fn summary(rows: &[Row], d2d_copy_gbs: Option<f64>) -> Vec<String> {
+    let find = |algo: &str, mode: Mode, size: usize| {
+        rows.iter()
+            .find(|r| r.dtype == "bf16" && r.algo == algo && r.mode == mode && r.size_bytes == size)
+    };
+    let mut out = vec!["#\n# target proxies (bf16)".to_string()];
+    if let Some(r) = find("one_shot", Mode::GraphIsolated, 8 << 10) {
+        if let (Some(e), Some(d)) = (r.empty_us, r.over_empty_us) {
+            out.push(format!(
+                "#   small message, 8K one_shot graph_isolated: {:.2} µs = empty {e:.2} + {d:.2} µs \
+                 (target: empty + 2.0 µs)",
+                r.time_us
+            ));
+        }
+    }
+    if let Some(r) = find("one_shot", Mode::Eager, 8 << 10) {
+        if let Some(e) = r.empty_host_us {
+            out.push(format!(
+                "#   host cost of one eager call, 8K one_shot: {:.2} µs vs {e:.2} µs for the empty launch \
+                 (+{:.2}; target: at most +1.5 µs)",
+                r.host_us,
+                r.host_us - e
+            ));
+        }
+    }
+    for algo in ["two_shot", "one_shot"] {
+        let r =
+            find(algo, Mode::GraphAmortised, 64 << 20).or_else(|| find(algo, Mode::GraphIsolated, 64 << 20));
+        if let Some(r) = r {
+            let vs_copy =
+                d2d_copy_gbs.map_or_else(String::new, |c| format!(" = {:.2} × D2D copy", r.hbm_gbs / c));
+            let target = if algo == "two_shot" {
+                " (target: ≥ 0.7 × copy)"
+            } else {
+                " (reported, not targeted)"
+            };
+            out.push(format!(
+                "#   64M {algo} {}: {:.1} µs, hbm {:.1} GB/s{vs_copy}{target}",
+                r.mode.name(),
+                r.time_us,
+                r.hbm_gbs
+            ));
+        }
+    }
+    if out.len() == 1 {
+        out.clear();
+    }
+    out
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn row(algo: &str, mode: Mode, size: usize, time_us: f64) -> Row {
+        Row {
+            dtype: "bf16".into(),
+            mode,
+            algo: algo.into(),
+            kernel: if algo == "auto" {
+                "one_shot".into()
+            } else {
+                algo.into()
+            },
+            placement: "virtual".into(),
+            world: if algo == "nccl" { 1 } else { 8 },
+            blocks: (algo != "nccl").then_some(2),
+            size_bytes: size,
+            count: size / 2,
+            time_us,
+            p10_us: time_us * 0.9,
+            p90_us: time_us * 1.1,
+            samples: 200,
+            empty_us: (algo != "nccl").then_some(3.0),
+            over_empty_us: None,
+            host_us: 2.5,
+            empty_host_us: None,
+            algbw_gbs: 0.0,
+            busbw_gbs: 0.0,
+            hbm_gbs: 0.0,
+            vs_nccl: None,
+        }
+        .with_derived()
+    }
+
+    #[test]
+    fn bandwidth_arithmetic() {
+        // 1 MB in 10 us = 100 GB/s.
+        assert!((algbw_gbs(1_000_000, 10.0) - 100.0).abs() < 1e-9);
+        assert!((busbw_gbs(100.0, 8) - 175.0).abs() < 1e-9);
+        assert_eq!(busbw_gbs(100.0, 1), 0.0);
+        assert!((busbw_gbs(100.0, 2) - 100.0).abs() < 1e-9);
+        assert!((hbm_gbs(1_000_000, 8, 10.0) - 1600.0).abs() < 1e-9);
+        let r = row("one_shot", Mode::GraphIsolated, 1_000_000, 10.0);
+        assert!((r.algbw_gbs - 100.0).abs() < 1e-9);
+        assert!((r.busbw_gbs - 175.0).abs() < 1e-9);
+        assert!((r.hbm_gbs - 1600.0).abs() < 1e-9);
+        assert_eq!(r.over_empty_us, Some(7.0));
+    }
+
+    #[test]
+    fn csv_rows_match_the_header() {
+        let r = row("auto", Mode::GraphAmortised, 8192, 6.25);
+        assert_eq!(
+            r.csv(),
+            "bf16,graph_amortised,auto,one_shot,virtual,8,2,8192,4096,6.2500,5.6250,6.8750,200,3.0000,\
+             3.2500,2.5000,,1.3107,2.2938,20.9715,"
+        );
+        assert_eq!(r.csv().split(',').count(), CSV_HEADER.split(',').count());
+        let n = row("nccl", Mode::Eager, 8192, 20.0);
+        assert_eq!(n.csv().split(',').count(), CSV_HEADER.split(',').count());
+        assert!(n.csv().contains(",nccl,nccl,virtual,1,,8192,"));
+        let file = csv(&[r, n]);
+        assert_eq!(file.lines().count(), 3);
+        assert!(file.starts_with("dtype,mode,"));
+    }
+
+    #[test]
+    fn nccl_ratio_matches_dtype_mode_and_size() {
+        let mut rows = vec![
+            row("one_shot", Mode::Eager, 8192, 5.0),
+            row("one_shot", Mode::GraphIsolated, 8192, 4.0),
+            row("two_shot", Mode::Eager, 16384, 5.0),
+            row("nccl", Mode::Eager, 8192, 20.0),
+        ];
+        fill_nccl_ratios(&mut rows);
+        assert_eq!(rows[0].vs_nccl, Some(0.25));
+        assert_eq!(rows[1].vs_nccl, None);
+        assert_eq!(rows[2].vs_nccl, None);
+        assert_eq!(rows[3].vs_nccl, None);
+    }
+
+    #[test]
+    fn labels_and_tables() {
+        let a = row("auto", Mode::Eager, 8192, 5.0);
+        let n = row("nccl", Mode::Eager, 8192, 20.0);
+        assert_eq!(a.label(8), "auto→one_shot");
+        assert_eq!(n.label(8), "nccl (world 1: one GPU)");
+        assert_eq!(n.label(1), "nccl");
+        let t = table(&[&a, &n], "bf16", Mode::Eager, 8, "W=8 virtual ranks");
+        assert!(t.contains("mode eager"));
+        assert!(t.contains("auto→one_shot"));
+        assert_eq!(t.lines().count(), 5);
+    }
+
+    #[test]
+    fn summary_names_the_proxies() {
+        assert!(summary(&[], Some(4000.0)).is_empty());
+        let rows = vec![
+            row("one_shot", Mode::GraphIsolated, 8192, 5.0),
+            row("two_shot", Mode::GraphAmortised, 64 << 20, 500.0),
+        ];
+        let s = summary(&rows, Some(4000.0)).join("\n");
+        assert!(s.contains("empty 3.00 + 2.00 µs"), "{s}");
+        // 2·8·64 MiB / 500 µs = 2147.5 GB/s, 0.54 of 4000.
+        assert!(s.contains("hbm 2147.5 GB/s = 0.54 × D2D copy"), "{s}");
+    }
+
+    #[test]
+    fn files_are_written() {
+        let dir = std::env::temp_dir().join(format!("symm-bench-report-{}", std::process::id()));
+        let rows = vec![row("one_shot", Mode::Eager, 8192, 5.0)];
+        write_files(&dir, &Meta::default(), &rows).unwrap();
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap();
+        assert_eq!(json["rows"][0]["mode"], "eager");
+        assert_eq!(json["rows"][0]["size_bytes"], 8192);
+        assert!(json["meta"]["d2d_copy_gbs"].is_null());
+        let csv = std::fs::read_to_string(dir.join("results.csv")).unwrap();
+        assert_eq!(csv.lines().count(), 2);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
