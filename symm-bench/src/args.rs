@@ -40,8 +40,9 @@ pub struct Args {
     #[arg(long = "dtype", value_delimiter = ',', default_value = "bf16,f32")]
     pub dtypes: Vec<DType>,
 
-    /// Algorithms: one_shot, two_shot, auto (the library's size-based choice), nccl.
-    #[arg(long, value_delimiter = ',', default_value = "one_shot,two_shot,auto,nccl")]
+    /// Algorithms: one_shot, two_shot, auto (the library's size-based choice), symmetric
+    /// (zero-copy in place on the communicator's buffers), nccl.
+    #[arg(long, value_delimiter = ',', default_value = "one_shot,two_shot,auto,symmetric,nccl")]
     pub algos: Vec<AlgoChoice>,
 
     /// Timing modes.
@@ -96,6 +97,11 @@ pub enum AlgoChoice {
     /// symm-allreduce, the library's own choice by size.
     #[value(name = "auto")]
     Auto,
+    /// symm-allreduce zero-copy in place on the communicator's symmetric buffers
+    /// (`all_reduce_symmetric`): the data is already there, as when the producing kernel
+    /// writes into the buffer, so no copy-in is timed.
+    #[value(name = "symmetric")]
+    Symmetric,
     /// NCCL's ncclAllReduce, the baseline.
     #[value(name = "nccl")]
     Nccl,
@@ -108,6 +114,8 @@ impl AlgoChoice {
             AlgoChoice::OneShot => Some(Algorithm::OneShot),
             AlgoChoice::TwoShot => Some(Algorithm::TwoShot),
             AlgoChoice::Auto => Some(Algorithm::Auto),
+            // The in-place kernel launches the two-shot grid.
+            AlgoChoice::Symmetric => Some(Algorithm::TwoShot),
             AlgoChoice::Nccl => None,
         }
     }
@@ -118,6 +126,7 @@ impl AlgoChoice {
             AlgoChoice::OneShot => "one_shot",
             AlgoChoice::TwoShot => "two_shot",
             AlgoChoice::Auto => "auto",
+            AlgoChoice::Symmetric => "symmetric",
             AlgoChoice::Nccl => "nccl",
         }
     }
