@@ -383,7 +383,7 @@ mod tests {
         let args = Args::try_parse_from(["symm-bench"]).unwrap();
         assert_eq!(args.world, 8);
         assert_eq!(args.dtypes, vec![DType::BF16, DType::F32]);
-        assert_eq!(args.algos.len(), 4);
+        assert_eq!(args.algos.len(), 5);
         let plan = RunPlan::from_args(&args);
         assert_eq!(plan.sizes, sweep_sizes());
         assert_eq!(plan.rounds(Mode::GraphIsolated), 200);
