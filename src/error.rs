@@ -174,13 +174,31 @@ pub enum Error {
         reason: String,
     },
 
-    /// NCCL reported an error (benchmark baseline and bootstrap).
+    /// NCCL reported an error (fallback, bootstrap, or loading the library).
     #[error("NCCL call {call} failed: {detail}")]
     Nccl {
-        /// The NCCL function.
+        /// The NCCL function (or `dlopen` when the library was not found).
         call: &'static str,
         /// Code and message.
         detail: String,
+    },
+
+    /// A call needs the NCCL fallback but this communicator has none.
+    #[error(
+        "this call needs the NCCL fallback, which this communicator does not have: {reason}. Create it with \
+         Communicator::from_nccl or Communicator::with_nccl_fallback, with libnccl.so or libnccl.so.2 on the \
+         loader path"
+    )]
+    NcclUnavailable {
+        /// Why there is no fallback (and what path would have been taken).
+        reason: String,
+    },
+
+    /// The bootstrap channel could not be set up here (socket, address, or OS error).
+    #[error("bootstrap failed on this rank: {reason}")]
+    Bootstrap {
+        /// What failed, and what to do about it.
+        reason: String,
     },
 }
 

@@ -36,18 +36,22 @@ mod error;
 mod kernels;
 mod plan;
 mod symmetric;
+mod topology;
 
-pub use bootstrap::{Bootstrap, LocalHub};
-pub use communicator::Communicator;
+pub use bootstrap::{
+    nccl_library, Bootstrap, LocalHub, NcclBootstrap, NcclLibraryInfo, SocketStore, StoreAddress,
+};
+pub use communicator::{Communicator, LOG_ENV};
 pub use driver::probe::{context, device_count};
 pub use dtype::{DType, Element};
 pub use error::{BarrierPhase, Error, Result};
 pub use kernels::{embedded_ptx, kernels_available, ptxas_report};
 pub use plan::{
-    plan_all_reduce, validate_call, validate_world, Algorithm, CallShape, Config, Limits, Plan, MAX_BLOCKS,
-    MAX_RANKS, THREADS_PER_BLOCK,
+    decide_path, plan_all_reduce, validate_call, validate_world, Algorithm, CallShape, Config, Limits,
+    PathDecision, PathFacts, Plan, MAX_BLOCKS, MAX_RANKS, THREADS_PER_BLOCK,
 };
 pub use symmetric::Layout;
+pub use topology::{nvml_uuid_string, LinkKind, PeerDecision, PeerLink, RankPlacement, Topology};
 
 /// Re-export of the cudarc this crate is built against (use its types for streams and
 /// buffers so that they match).

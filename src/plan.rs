@@ -24,6 +24,9 @@ pub enum Algorithm {
     OneShot,
     /// Reduce-scatter then all-gather: two barriers, `2·(W-1)/W·S` bytes per rank.
     TwoShot,
+    /// `ncclAllReduce` through the communicator's NCCL fallback (only communicators created
+    /// with one: [`crate::Communicator::from_nccl`], [`crate::Communicator::with_nccl_fallback`]).
+    Nccl,
 }
 
 impl Algorithm {
@@ -33,6 +36,7 @@ impl Algorithm {
             Algorithm::Auto => "auto",
             Algorithm::OneShot => "one_shot",
             Algorithm::TwoShot => "two_shot",
+            Algorithm::Nccl => "nccl",
         }
     }
 }
@@ -50,8 +54,9 @@ impl std::str::FromStr for Algorithm {
             "auto" => Ok(Algorithm::Auto),
             "one_shot" | "oneshot" => Ok(Algorithm::OneShot),
             "two_shot" | "twoshot" => Ok(Algorithm::TwoShot),
+            "nccl" => Ok(Algorithm::Nccl),
             _ => Err(format!(
-                "unknown algorithm {s:?}: expected auto, one_shot or two_shot"
+                "unknown algorithm {s:?}: expected auto, one_shot, two_shot or nccl"
             )),
         }
     }
@@ -74,6 +79,10 @@ pub struct Config {
     /// Bound on every wait for a peer. Expiry poisons the communicator and surfaces as
     /// [`Error::PeerTimeout`].
     pub timeout: Duration,
+    /// With an NCCL fallback, `Auto` calls of more than this many bytes go to NCCL. `None`:
+    /// only calls above `capacity_bytes` do. Without a fallback this is ignored (the kernels
+    /// take every call that fits `capacity_bytes`; [`crate::Communicator::path`] says so).
+    pub nccl_above_bytes: Option<usize>,
 }
 
 impl Default for Config {
@@ -84,6 +93,7 @@ impl Default for Config {
             one_shot_max_bytes: None,
             max_blocks_per_rank: 32,
             timeout: Duration::from_secs(10),
+            nccl_above_bytes: None,
         }
     }
 }
@@ -213,6 +223,12 @@ pub fn plan_all_reduce(
         (Algorithm::Auto, configured) => configured,
         (forced, _) => forced,
     };
+    // The kernel plan of a call routed to NCCL is never launched; size it as one-shot.
+    let choice = if choice == Algorithm::Nccl {
+        Algorithm::OneShot
+    } else {
+        choice
+    };
     let packs = len / dtype.per_pack();
     let (work, max_blocks) = match choice {
         Algorithm::TwoShot => (packs.div_ceil(world), limits.two_shot_blocks),
@@ -250,6 +266,19 @@ pub struct CallShape {
 /// Checks one call against the communicator's device and capacity. Nothing is launched
 /// unless this passes.
 pub fn validate_call(shape: &CallShape, rank_device: usize, capacity_bytes: usize) -> Result<()> {
+    validate_lengths(shape)?;
+    let bytes = shape.input_len.saturating_mul(shape.dtype.size());
+    if bytes > capacity_bytes {
+        return Err(Error::ExceedsCapacity {
+            bytes,
+            capacity: capacity_bytes,
+        });
+    }
+    validate_placement(shape, rank_device, true)
+}
+
+/// Non-empty, equal lengths.
+pub(crate) fn validate_lengths(shape: &CallShape) -> Result<()> {
     if shape.input_len == 0 || shape.output_len == 0 {
         return Err(Error::Empty);
     }
@@ -259,13 +288,11 @@ pub fn validate_call(shape: &CallShape, rank_device: usize, capacity_bytes: usiz
             output: shape.output_len,
         });
     }
-    let bytes = shape.input_len.saturating_mul(shape.dtype.size());
-    if bytes > capacity_bytes {
-        return Err(Error::ExceedsCapacity {
-            bytes,
-            capacity: capacity_bytes,
-        });
-    }
+    Ok(())
+}
+
+/// Devices, and 16-byte alignment where the kernels run (NCCL needs none).
+pub(crate) fn validate_placement(shape: &CallShape, rank_device: usize, aligned: bool) -> Result<()> {
     for (which, found) in [
         ("stream", shape.stream_device),
         ("input", shape.input_device),
@@ -280,11 +307,131 @@ pub fn validate_call(shape: &CallShape, rank_device: usize, capacity_bytes: usiz
         }
     }
     for (which, address) in [("input", shape.input_addr), ("output", shape.output_addr)] {
-        if address % 16 != 0 {
+        if aligned && address % 16 != 0 {
             return Err(Error::Misaligned { which, address });
         }
     }
     Ok(())
+}
+
+/// Where one call goes and why (see [`crate::Communicator::path`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathDecision {
+    /// `OneShot`, `TwoShot` or `Nccl` (never `Auto`).
+    pub algorithm: Algorithm,
+    /// The kernel grid, for `OneShot`/`TwoShot`.
+    pub plan: Option<Plan>,
+    /// One sentence naming the deciding rule.
+    pub reason: String,
+}
+
+impl std::fmt::Display for PathDecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.plan {
+            Some(p) => write!(f, "{} ({} blocks): {}", self.algorithm, p.blocks, self.reason),
+            None => write!(f, "{}: {}", self.algorithm, self.reason),
+        }
+    }
+}
+
+/// What a communicator can do, as far as routing is concerned.
+#[derive(Debug, Clone, Copy)]
+pub struct PathFacts<'a> {
+    /// Number of ranks.
+    pub world: usize,
+    /// Agreed kernel grid limits.
+    pub limits: Limits,
+    /// `Err(why)` when the symmetric workspace is not set up (every call goes to NCCL).
+    pub peer_kernels: std::result::Result<(), &'a str>,
+    /// `Err(why)` when there is no NCCL fallback.
+    pub nccl: std::result::Result<(), &'a str>,
+}
+
+/// Routes a call of `len` elements of `dtype` (pure; every rank decides the same):
+/// 1. `Algorithm::Nccl` (asked for, or configured) → NCCL, or an error without a fallback;
+/// 2. no symmetric workspace → NCCL;
+/// 3. `OneShot`/`TwoShot` asked for (or configured) → that kernel;
+/// 4. `Auto`: above `nccl_above_bytes`, or above `capacity_bytes`, → NCCL when there is a
+///    fallback; otherwise the size rule of [`plan_all_reduce`].
+///
+/// A kernel route above `capacity_bytes` is refused with [`Error::ExceedsCapacity`].
+pub fn decide_path(
+    len: usize,
+    dtype: DType,
+    config: &Config,
+    requested: Algorithm,
+    facts: PathFacts<'_>,
+) -> Result<PathDecision> {
+    let bytes = len.saturating_mul(dtype.size());
+    let nccl = |reason: String| {
+        Ok(PathDecision {
+            algorithm: Algorithm::Nccl,
+            plan: None,
+            reason,
+        })
+    };
+    let chosen = if requested == Algorithm::Auto {
+        config.algorithm
+    } else {
+        requested
+    };
+    if chosen == Algorithm::Nccl {
+        return match facts.nccl {
+            Ok(()) => nccl(if requested == Algorithm::Nccl {
+                "Algorithm::Nccl was asked for".into()
+            } else {
+                "Config::algorithm is Nccl".into()
+            }),
+            Err(why) => Err(Error::NcclUnavailable {
+                reason: format!("Algorithm::Nccl was asked for, but {why}"),
+            }),
+        };
+    }
+    if let Err(peer_why) = facts.peer_kernels {
+        return match facts.nccl {
+            Ok(()) => nccl(format!("the peer kernels are not set up: {peer_why}")),
+            Err(why) => Err(Error::NcclUnavailable {
+                reason: format!("the peer kernels are not set up ({peer_why}) and {why}"),
+            }),
+        };
+    }
+    let mut note = String::new();
+    if chosen == Algorithm::Auto {
+        if let Some(limit) = config.nccl_above_bytes.filter(|&l| bytes > l) {
+            match facts.nccl {
+                Ok(()) => return nccl(format!("{bytes} bytes > nccl_above_bytes ({limit})")),
+                Err(why) => note = format!("; nccl_above_bytes ({limit}) is ignored: {why}"),
+            }
+        }
+        if bytes > config.capacity_bytes && facts.nccl.is_ok() {
+            return nccl(format!(
+                "{bytes} bytes exceed the symmetric capacity ({} bytes)",
+                config.capacity_bytes
+            ));
+        }
+    }
+    if bytes > config.capacity_bytes {
+        return Err(Error::ExceedsCapacity {
+            bytes,
+            capacity: config.capacity_bytes,
+        });
+    }
+    let plan = plan_all_reduce(len, dtype, facts.world, facts.limits, config, chosen);
+    let limit = config.one_shot_limit(facts.world);
+    let reason = match (requested, config.algorithm, plan.algorithm) {
+        (Algorithm::Auto, Algorithm::Auto, _) if facts.world == 1 => "one rank: one-shot copy".to_string(),
+        (Algorithm::Auto, Algorithm::Auto, Algorithm::OneShot) => {
+            format!("{bytes} bytes <= one-shot limit ({limit})")
+        }
+        (Algorithm::Auto, Algorithm::Auto, _) => format!("{bytes} bytes > one-shot limit ({limit})"),
+        (Algorithm::Auto, configured, _) => format!("Config::algorithm is {configured}"),
+        (forced, _, _) => format!("{forced} was asked for"),
+    };
+    Ok(PathDecision {
+        algorithm: plan.algorithm,
+        plan: Some(plan),
+        reason: reason + &note,
+    })
 }
 
 #[cfg(test)]
@@ -395,6 +542,115 @@ mod tests {
         let l1 = Limits::from_occupancy(2, 1, 132, 1, &c).unwrap();
         assert_eq!(l.min(l1), l);
         assert!(Limits::from_occupancy(1, 1, 4, 8, &c).is_err());
+    }
+
+    fn facts<'a>(
+        peer: std::result::Result<(), &'a str>,
+        nccl: std::result::Result<(), &'a str>,
+    ) -> PathFacts<'a> {
+        PathFacts {
+            world: 4,
+            limits: WIDE,
+            peer_kernels: peer,
+            nccl,
+        }
+    }
+
+    #[test]
+    fn paths_follow_the_threshold_capacity_and_workspace() {
+        let c = Config {
+            capacity_bytes: 8 << 20,
+            nccl_above_bytes: Some(1 << 20),
+            ..Config::default()
+        };
+        let both = facts(Ok(()), Ok(()));
+        let d = |len, algo, f| decide_path(len, DType::BF16, &c, algo, f);
+        // Small: one-shot; middle: two-shot; above the threshold: NCCL.
+        assert_eq!(
+            d(1024, Algorithm::Auto, both).unwrap().algorithm,
+            Algorithm::OneShot
+        );
+        assert_eq!(
+            d(300_000, Algorithm::Auto, both).unwrap().algorithm,
+            Algorithm::TwoShot
+        );
+        let big = d((1 << 19) + 1, Algorithm::Auto, both).unwrap();
+        assert_eq!(big.algorithm, Algorithm::Nccl);
+        assert!(big.reason.contains("nccl_above_bytes"), "{big}");
+        assert!(big.plan.is_none());
+        // Exactly at the threshold stays on the kernels.
+        assert_eq!(
+            d(1 << 19, Algorithm::Auto, both).unwrap().algorithm,
+            Algorithm::TwoShot
+        );
+        // Forced kernels ignore the threshold but not the capacity.
+        assert_eq!(
+            d(1 << 21, Algorithm::TwoShot, both).unwrap().algorithm,
+            Algorithm::TwoShot
+        );
+        assert!(matches!(
+            d(8 << 20, Algorithm::OneShot, both),
+            Err(Error::ExceedsCapacity { .. })
+        ));
+        // Forced NCCL.
+        assert_eq!(d(8, Algorithm::Nccl, both).unwrap().algorithm, Algorithm::Nccl);
+        // No workspace: everything goes to NCCL, with the reason.
+        let nccl_only = facts(Err("no P2P between ranks 0 and 1"), Ok(()));
+        let p = d(8, Algorithm::Auto, nccl_only).unwrap();
+        assert_eq!(p.algorithm, Algorithm::Nccl);
+        assert!(p.reason.contains("no P2P"), "{p}");
+        assert_eq!(
+            d(8, Algorithm::OneShot, nccl_only).unwrap().algorithm,
+            Algorithm::Nccl
+        );
+    }
+
+    #[test]
+    fn without_nccl_the_kernels_take_every_call_that_fits() {
+        let c = Config {
+            capacity_bytes: 8 << 20,
+            nccl_above_bytes: Some(1 << 20),
+            ..Config::default()
+        };
+        let kernels_only = facts(Ok(()), Err("created without NCCL"));
+        let p = decide_path(2 << 20, DType::F32, &c, Algorithm::Auto, kernels_only).unwrap();
+        assert_eq!(p.algorithm, Algorithm::TwoShot);
+        assert!(p.reason.contains("ignored: created without NCCL"), "{p}");
+        assert!(matches!(
+            decide_path(3 << 20, DType::F32, &c, Algorithm::Auto, kernels_only),
+            Err(Error::ExceedsCapacity { .. })
+        ));
+        let e = decide_path(8, DType::F32, &c, Algorithm::Nccl, kernels_only).unwrap_err();
+        assert!(matches!(e, Error::NcclUnavailable { .. }), "{e}");
+        assert!(e.to_string().contains("from_nccl"), "{e}");
+        // With a fallback, a call above the capacity goes to NCCL even without a threshold.
+        let c = Config {
+            capacity_bytes: 1 << 20,
+            ..Config::default()
+        };
+        let p = decide_path(1 << 20, DType::F32, &c, Algorithm::Auto, facts(Ok(()), Ok(()))).unwrap();
+        assert_eq!(p.algorithm, Algorithm::Nccl);
+        assert!(p.reason.contains("capacity"), "{p}");
+    }
+
+    #[test]
+    fn path_reasons_name_the_rule() {
+        let c = Config::default();
+        let f = facts(Ok(()), Err("none"));
+        let p = decide_path(100, DType::F32, &c, Algorithm::Auto, f).unwrap();
+        assert!(p.reason.contains("<= one-shot limit"), "{p}");
+        assert!(p.to_string().starts_with("one_shot (1 blocks)"), "{p}");
+        let p = decide_path(100, DType::F32, &c, Algorithm::TwoShot, f).unwrap();
+        assert_eq!(p.reason, "two_shot was asked for");
+        let one = PathFacts { world: 1, ..f };
+        assert_eq!(
+            decide_path(1 << 20, DType::F32, &c, Algorithm::Auto, one)
+                .unwrap()
+                .reason,
+            "one rank: one-shot copy"
+        );
+        assert_eq!("nccl".parse::<Algorithm>().unwrap(), Algorithm::Nccl);
+        assert_eq!(Algorithm::Nccl.to_string(), "nccl");
     }
 
     #[test]
