@@ -7,7 +7,7 @@ set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 REQUIRE_GPU=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
-bin=.gpu/bin/test-gpu_all_reduce
+bin=${SANITIZE_BIN:-.gpu/bin/test-gpu_all_reduce}
 # A subset that covers every kernel, dtype, world size 1..8, tails, graphs and the zero-copy
 # path while keeping the slowed-down run to minutes.
 filters=("$@")
