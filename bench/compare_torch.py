@@ -5,7 +5,8 @@ symm-bench times symm-allreduce, so one multi-GPU run gives one comparable table
 
 Rows (per dtype, size, mode):
   nccl             torch.distributed.all_reduce (ncclAllReduce)
-  nccl_symm        NCCL symmetric-window all-reduce, where this torch/NCCL offers it
+  nccl_symm        NCCL symmetric-window all-reduce, where this torch/NCCL offers it (a
+                   separate run with --nccl-symm: the backend is chosen once per process)
   torch_one_shot   torch.ops.symm_mem.one_shot_all_reduce (out of place, symmetric input)
   torch_two_shot   torch.ops.symm_mem.two_shot_all_reduce_ (in place)
 Modes: eager (batches of back-to-back ops), graph_amortised (10 ops captured in one graph,
@@ -107,22 +108,15 @@ def symmetric_buffer(numel, dtype, group):
 
 
 def nccl_symmetric(numel, dtype, group):
-    """NCCL symmetric windows through torch's NCCL symmetric-memory backend, if present."""
+    """NCCL symmetric windows: an all-reduce on a buffer from torch's NCCL symmetric-memory
+    backend (selected once, at start, with --nccl-symm)."""
     try:
         import torch.distributed._symmetric_memory as symm_mem
-        if not hasattr(symm_mem, "set_backend"):
-            return None, "this torch has no symmetric-memory backend switch"
-        symm_mem.set_backend("NCCL")
         buf = symm_mem.empty(numel, dtype=dtype, device="cuda")
         symm_mem.rendezvous(buf, group)
         return (lambda: dist.all_reduce(buf, group=group)), None
     except Exception as e:
         return None, f"{type(e).__name__}: {e}"
-    finally:
-        try:
-            symm_mem.set_backend("CUDA")
-        except Exception:
-            pass
 
 
 def main():
@@ -132,7 +126,13 @@ def main():
     p.add_argument("--modes", default="eager,graph_amortised,graph_isolated")
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--out", default="bench-out/torch")
+    p.add_argument("--nccl-symm", action="store_true",
+                   help="time only NCCL symmetric windows (torch's symmetric-memory backend can be "
+                        "chosen once per process, so this is a separate run)")
     args = p.parse_args()
+    if args.nccl_symm:
+        import torch.distributed._symmetric_memory as symm_mem
+        symm_mem.set_backend("NCCL")
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
@@ -147,15 +147,16 @@ def main():
         for size in sizes:
             numel = size // torch.tensor([], dtype=dtype).element_size()
             tensor = torch.randn(numel, dtype=dtype, device="cuda")
-            symm, why = symmetric_buffer(numel, dtype, group)
-            if symm is None and rank == 0:
-                notes.append(f"torch symmetric memory unavailable at {size} B: {why}")
-            impls = candidates(tensor, group, symm)
-            nccl_symm, why = nccl_symmetric(numel, dtype, group)
-            if nccl_symm is not None:
-                impls.append(("nccl_symm", nccl_symm))
-            elif rank == 0:
-                notes.append(f"nccl_symm unavailable: {why}")
+            if args.nccl_symm:
+                fn, why = nccl_symmetric(numel, dtype, group)
+                impls = [("nccl_symm", fn)] if fn is not None else []
+                if fn is None and rank == 0:
+                    notes.append(f"nccl_symm unavailable: {why}")
+            else:
+                symm, why = symmetric_buffer(numel, dtype, group)
+                if symm is None and rank == 0:
+                    notes.append(f"torch symmetric memory unavailable at {size} B: {why}")
+                impls = candidates(tensor, group, symm)
             for name, fn in impls:
                 for mode in args.modes.split(","):
                     try:

@@ -20,7 +20,8 @@ def main(path):
     def unit_scale(name):
         u = units[col[name]]
         return {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "nsecond": 1e-9,
-                "usecond": 1e-6, "msecond": 1e-3, "second": 1.0}.get(u, 1.0)
+                "usecond": 1e-6, "msecond": 1e-3, "second": 1.0, "ns": 1e-9, "us": 1e-6,
+                "ms": 1e-3, "s": 1.0, "KB": 1e3, "MB": 1e6, "GB": 1e9}.get(u, 1.0)
 
     print(f"{'kernel':<22} {'grid':>5} {'regs':>5} {'time us':>9} {'read MB':>9} {'write MB':>9} "
           f"{'GB/s':>7} {'% peak':>7}")
