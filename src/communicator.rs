@@ -768,14 +768,17 @@ impl Hello {
 }
 
 fn config_fingerprint(c: &Config) -> [u64; 6] {
+    // Booleans share a word with the algorithm.
+    let algorithm_and_flags = (c.peer_kernels as u64) << 8;
     [
         c.capacity_bytes as u64,
-        match c.algorithm {
-            Algorithm::Auto => 0,
-            Algorithm::OneShot => 1,
-            Algorithm::TwoShot => 2,
-            Algorithm::Nccl => 3,
-        },
+        algorithm_and_flags
+            | match c.algorithm {
+                Algorithm::Auto => 0,
+                Algorithm::OneShot => 1,
+                Algorithm::TwoShot => 2,
+                Algorithm::Nccl => 3,
+            },
         c.one_shot_max_bytes.map_or(u64::MAX, |b| b as u64),
         c.max_blocks_per_rank as u64,
         c.timeout.as_nanos().min(u64::MAX as u128) as u64,
@@ -894,10 +897,20 @@ fn setup(
         links,
     };
     let decision = topology.decide();
-    let mut failed = (!decision.allowed).then(|| Error::Unsupported {
-        ordinal: ctx.ordinal(),
-        reason: decision.reason.clone(),
-    });
+    let mut failed = if !config.peer_kernels {
+        Some(Error::InvalidConfig(
+            "Config::peer_kernels is false: every call goes to NCCL, so the communicator needs an NCCL \
+             fallback"
+                .into(),
+        ))
+    } else if !decision.allowed {
+        Some(Error::Unsupported {
+            ordinal: ctx.ordinal(),
+            reason: decision.reason.clone(),
+        })
+    } else {
+        None
+    };
 
     soft_step(bootstrap, &mut failed, "device check", || check_device(&ctx))?;
 
@@ -1160,6 +1173,11 @@ mod tests {
             ..Config::default()
         });
         assert_ne!(a, b);
+        let c = config_fingerprint(&Config {
+            peer_kernels: false,
+            ..Config::default()
+        });
+        assert_ne!(a, c);
     }
 
     #[test]

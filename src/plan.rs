@@ -83,6 +83,10 @@ pub struct Config {
     /// only calls above `capacity_bytes` do. Without a fallback this is ignored (the kernels
     /// take every call that fits `capacity_bytes`; [`crate::Communicator::path`] says so).
     pub nccl_above_bytes: Option<usize>,
+    /// `false`: never set up the symmetric workspace; every call goes to the NCCL fallback
+    /// (which the communicator must then have). For measuring NCCL behind the same API, and
+    /// for testing the fallback where the kernels would run.
+    pub peer_kernels: bool,
 }
 
 impl Default for Config {
@@ -94,6 +98,7 @@ impl Default for Config {
             max_blocks_per_rank: 32,
             timeout: Duration::from_secs(10),
             nccl_above_bytes: None,
+            peer_kernels: true,
         }
     }
 }

@@ -179,3 +179,23 @@ pub fn dtype_name<T: Element>() -> &'static str {
 pub fn all_dtypes() -> [DType; 3] {
     DType::ALL
 }
+
+/// Whether a GPU and the kernels are there, without creating a CUDA context in this process
+/// (for a parent that only starts rank processes). Skips with a printed reason, or fails
+/// under REQUIRE_GPU=1, exactly like [`gpu`].
+pub fn gpu_available(test: &str) -> bool {
+    let required = std::env::var("REQUIRE_GPU").is_ok_and(|v| v == "1");
+    let reason = match symm_allreduce::device_count() {
+        Ok(_) if symm_allreduce::kernels_available() => return true,
+        Ok(_) => "the kernels were not compiled into this build (no nvcc)".to_string(),
+        Err(e) => e.to_string(),
+    };
+    assert!(!required, "REQUIRE_GPU=1 but {test} cannot run: {reason}");
+    skip(test, &reason);
+    false
+}
+
+/// Open file descriptors of this process.
+pub fn open_fd_count() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
