@@ -461,11 +461,12 @@ fn child_leak(rank: usize, world: usize, address: &StoreAddress) -> Outcome {
             let comm = Communicator::new(&store, ctx.clone(), mp_config()).map_err(text)?;
             checked(DType::F32, &comm, &stream, 5000, How::Call(Algorithm::Auto), i)?;
         }
+        // Freed stream-ordered memory goes back to the device at a synchronisation.
+        ctx.bind_to_thread().map_err(text)?;
+        ctx.synchronize().map_err(text)?;
         // Every rank has dropped its communicator before anyone measures, and everyone has
         // measured before anyone creates the next one (free memory is device-wide).
         store.all_gather(b"dropped").map_err(text)?;
-        ctx.bind_to_thread().map_err(text)?;
-        ctx.synchronize().map_err(text)?;
         let fds = open_fd_count();
         let (free, _) = cuda::mem_get_info().map_err(text)?;
         store.all_gather(b"measured").map_err(text)?;
@@ -478,7 +479,7 @@ fn child_leak(rank: usize, world: usize, address: &StoreAddress) -> Outcome {
                     ));
                 }
                 // Each leaked workspace would cost every rank its allocation (14 MiB here).
-                if free + (2 << 20) < free0 {
+                if free + (4 << 20) < free0 {
                     return Err(format!(
                         "iteration {i}: {} MiB less free device memory than after the first",
                         (free0 - free) >> 20
@@ -490,7 +491,7 @@ fn child_leak(rank: usize, world: usize, address: &StoreAddress) -> Outcome {
     let (fds0, free0) = baseline.unwrap_or_default();
     Ok(format!(
         "{iterations} create/all-reduce/drop cycles: descriptors steady at {fds0}, free device memory steady \
-         (within 2 MiB) at {} MiB",
+         (within 4 MiB) at {} MiB",
         free0 >> 20
     ))
 }
