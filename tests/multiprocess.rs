@@ -673,9 +673,15 @@ fn nccl_bootstrap_world_of_one_routes_large_calls_to_nccl_correctly() {
     let above = path(64 << 10, DType::F32);
     assert_eq!(above.algorithm, Algorithm::Nccl);
     assert!(above.reason.contains("nccl_above_bytes"), "{above}");
+    // Above both the threshold and the capacity: the threshold rule is checked first.
     let over = path(1 << 20, DType::F32);
     assert_eq!(over.algorithm, Algorithm::Nccl);
-    assert!(over.reason.contains("capacity"), "{over}");
+    assert!(over.reason.contains("nccl_above_bytes"), "{over}");
+    // Forcing a kernel above the capacity is refused before anything runs.
+    assert!(matches!(
+        comm.path(1 << 20, DType::F32, Algorithm::TwoShot),
+        Err(Error::ExceedsCapacity { .. })
+    ));
 
     let own_stream = ctx.new_stream().unwrap();
     for (stream, which) in [

@@ -191,7 +191,7 @@ impl NcclLibrary {
         };
         Err(Error::Nccl {
             call,
-            detail: format!("code {code}: {text} (set NCCL_DEBUG=WARN for NCCL's own account)"),
+            detail: format!("code {code}: {text}"),
         })
     }
 
