@@ -227,7 +227,8 @@ fn rank_main(rank: usize, args: &Args) -> Result<(), String> {
             Communicator::from_nccl(nccl, config).map_err(|e| e.to_string())?
         }
     };
-    if rank == 0 {
+    // (With SYMM_ALLREDUCE_LOG=1 every rank has printed this already.)
+    if rank == 0 && std::env::var_os(symm_allreduce::LOG_ENV).is_none() {
         println!("{}", comm.describe());
     }
     let started = Instant::now();

@@ -657,130 +657,139 @@ impl Bootstrap for NcclBootstrap<'_> {
     }
 
     fn all_gather_fds(&self, fd: BorrowedFd<'_>) -> Result<Vec<OwnedFd>> {
-        let (rank, world) = (self.rank(), self.world());
-        let own = fd.try_clone_to_owned().map_err(|e| Error::Bootstrap {
-            reason: format!("dup of a file descriptor failed: {e}"),
-        })?;
-        if world == 1 {
-            return Ok(vec![own]);
-        }
-        let deadline = Instant::now() + self.timeout;
-        let token = random_token();
-        let name = format!("symm-allreduce.{}.{}", std::process::id(), hex(&token));
-        let listener = SocketAddr::from_abstract_name(name.as_bytes())
-            .and_then(|a| UnixListener::bind_addr(&a))
-            .and_then(|l| l.set_nonblocking(true).map(|()| l));
-        let announce = match &listener {
-            Ok(_) => [&[1u8][..], &token, name.as_bytes()].concat(),
-            Err(e) => [
-                &[0u8][..],
-                format!("cannot listen on abstract socket @{name}: {e}").as_bytes(),
-            ]
-            .concat(),
-        };
-        let announced = self.all_gather(&announce)?;
-        let mut peers: Vec<([u8; 16], String)> = Vec::with_capacity(world);
-        for (q, a) in announced.iter().enumerate() {
-            match a.first() {
-                Some(1) if a.len() > 17 => peers.push((
-                    a[1..17].try_into().expect("16 bytes"),
-                    String::from_utf8_lossy(&a[17..]).into_owned(),
-                )),
-                _ => {
-                    // Every rank sees the same announcements: all fail here together.
-                    return Err(Error::PeerSetupFailed {
-                        step: "descriptor exchange",
-                        rank: q,
-                        reason: String::from_utf8_lossy(a.get(1..).unwrap_or_default()).into_owned(),
-                    });
-                }
-            }
-        }
-        // This rank's own announcement was a success if we got here.
-        let listener = listener.map_err(|e| Error::Bootstrap {
-            reason: format!("cannot listen on abstract socket @{name}: {e}"),
-        })?;
-
-        // Phase 1: send this rank's descriptor to every peer. Connecting to a listening socket
-        // and writing a small message complete without the peer's help (the kernel queues the
-        // connection and the data), so no rank waits on another here.
-        let sent = (|| -> std::io::Result<()> {
-            for (q, (their_token, their_name)) in peers.iter().enumerate() {
-                if q == rank {
-                    continue;
-                }
-                let stream =
-                    UnixStream::connect_addr(&SocketAddr::from_abstract_name(their_name.as_bytes())?)?;
-                let mut payload = (rank as u32).to_le_bytes().to_vec();
-                payload.extend_from_slice(their_token);
-                send_frame_with_fds(&stream, Kind::Fd, rank as u64, &payload, &[own.as_fd()], deadline)?;
-            }
-            Ok(())
-        })()
-        .map_err(|e| Error::Bootstrap {
-            reason: format!(
-                "sending a descriptor to a peer over an abstract socket failed ({e}); are all ranks in one \
-                 network namespace?"
-            ),
-        });
-        vote(self, "descriptor exchange (send)", sent)?;
-
-        // Phase 2: every peer's descriptor is queued on the listener by now.
-        let received = (|| -> Result<Vec<Option<OwnedFd>>> {
-            let mut fds: Vec<Option<OwnedFd>> = (0..world).map(|_| None).collect();
-            let mut missing = world - 1;
-            while missing > 0 {
-                let stream = match listener.accept() {
-                    Ok((s, _)) => s,
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        if Instant::now() >= deadline {
-                            return Err(Error::Bootstrap {
-                                reason: format!(
-                                    "{missing} peer descriptor(s) did not arrive within {:?}",
-                                    self.timeout
-                                ),
-                            });
-                        }
-                        std::thread::sleep(Duration::from_millis(1));
-                        continue;
-                    }
-                    Err(e) => {
-                        return Err(Error::Bootstrap {
-                            reason: format!("accept on @{name} failed: {e}"),
-                        })
-                    }
-                };
-                // Anything that is not a peer's well-formed message with our token is not
-                // ours: ignore it.
-                let Ok((header, payload, mut got)) = stream
-                    .set_nonblocking(false)
-                    .and_then(|()| recv_frame_with_fds(&stream, deadline, 1))
-                else {
-                    continue;
-                };
-                if header.kind != Kind::Fd || payload.len() != 20 || payload[4..] != token || got.len() != 1 {
-                    continue;
-                }
-                let q = u32::from_le_bytes(payload[..4].try_into().expect("4 bytes")) as usize;
-                if q >= world || q == rank || fds[q].is_some() {
-                    continue;
-                }
-                fds[q] = Some(got.remove(0));
-                missing -= 1;
-            }
-            Ok(fds)
-        })();
-        let mut fds = vote(self, "descriptor exchange (receive)", received)?;
-        fds[rank] = Some(own);
-        fds.into_iter()
-            .enumerate()
-            .map(|(q, f)| {
-                f.ok_or_else(|| Error::Bootstrap {
-                    reason: format!("no descriptor from rank {q}"),
-                })
-            })
-            .collect()
+        gather_fds_over_abstract_sockets(self, fd, self.timeout)
     }
+}
+
+/// Descriptor exchange for a bootstrap that can only move bytes: every rank listens on an
+/// abstract Unix socket with a random name, the names (and a token each) travel through
+/// `bootstrap.all_gather`, every rank connects to every peer and sends its descriptor with
+/// `SCM_RIGHTS`, then collects the peers' from its own socket. Both halves end in a vote, so
+/// every rank returns the same verdict. The sockets are closed when this returns.
+pub(crate) fn gather_fds_over_abstract_sockets(
+    bootstrap: &dyn Bootstrap,
+    fd: BorrowedFd<'_>,
+    timeout: Duration,
+) -> Result<Vec<OwnedFd>> {
+    let (rank, world) = (bootstrap.rank(), bootstrap.world());
+    let own = fd.try_clone_to_owned().map_err(|e| Error::Bootstrap {
+        reason: format!("dup of a file descriptor failed: {e}"),
+    })?;
+    if world == 1 {
+        return Ok(vec![own]);
+    }
+    let deadline = Instant::now() + timeout;
+    let token = random_token();
+    let name = format!("symm-allreduce.{}.{}", std::process::id(), hex(&token));
+    let listener = SocketAddr::from_abstract_name(name.as_bytes())
+        .and_then(|a| UnixListener::bind_addr(&a))
+        .and_then(|l| l.set_nonblocking(true).map(|()| l));
+    let announce = match &listener {
+        Ok(_) => [&[1u8][..], &token, name.as_bytes()].concat(),
+        Err(e) => [
+            &[0u8][..],
+            format!("cannot listen on abstract socket @{name}: {e}").as_bytes(),
+        ]
+        .concat(),
+    };
+    let announced = bootstrap.all_gather(&announce)?;
+    let mut peers: Vec<([u8; 16], String)> = Vec::with_capacity(world);
+    for (q, a) in announced.iter().enumerate() {
+        match a.first() {
+            Some(1) if a.len() > 17 => peers.push((
+                a[1..17].try_into().expect("16 bytes"),
+                String::from_utf8_lossy(&a[17..]).into_owned(),
+            )),
+            _ => {
+                // Every rank sees the same announcements: all fail here together.
+                return Err(Error::PeerSetupFailed {
+                    step: "descriptor exchange",
+                    rank: q,
+                    reason: String::from_utf8_lossy(a.get(1..).unwrap_or_default()).into_owned(),
+                });
+            }
+        }
+    }
+    // This rank's own announcement was a success if we got here.
+    let listener = listener.map_err(|e| Error::Bootstrap {
+        reason: format!("cannot listen on abstract socket @{name}: {e}"),
+    })?;
+
+    // Phase 1: send this rank's descriptor to every peer. Connecting to a listening socket
+    // and writing a small message complete without the peer's help (the kernel queues the
+    // connection and the data), so no rank waits on another here.
+    let sent = (|| -> std::io::Result<()> {
+        for (q, (their_token, their_name)) in peers.iter().enumerate() {
+            if q == rank {
+                continue;
+            }
+            let stream = UnixStream::connect_addr(&SocketAddr::from_abstract_name(their_name.as_bytes())?)?;
+            let mut payload = (rank as u32).to_le_bytes().to_vec();
+            payload.extend_from_slice(their_token);
+            send_frame_with_fds(&stream, Kind::Fd, rank as u64, &payload, &[own.as_fd()], deadline)?;
+        }
+        Ok(())
+    })()
+    .map_err(|e| Error::Bootstrap {
+        reason: format!(
+            "sending a descriptor to a peer over an abstract socket failed ({e}); are all ranks in one \
+             network namespace?"
+        ),
+    });
+    vote(bootstrap, "descriptor exchange (send)", sent)?;
+
+    // Phase 2: every peer's descriptor is queued on the listener by now.
+    let received = (|| -> Result<Vec<Option<OwnedFd>>> {
+        let mut fds: Vec<Option<OwnedFd>> = (0..world).map(|_| None).collect();
+        let mut missing = world - 1;
+        while missing > 0 {
+            let stream = match listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if Instant::now() >= deadline {
+                        return Err(Error::Bootstrap {
+                            reason: format!("{missing} peer descriptor(s) did not arrive within {timeout:?}"),
+                        });
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                }
+                Err(e) => {
+                    return Err(Error::Bootstrap {
+                        reason: format!("accept on @{name} failed: {e}"),
+                    })
+                }
+            };
+            // Anything that is not a peer's well-formed message with our token is not
+            // ours: ignore it.
+            let Ok((header, payload, mut got)) = stream
+                .set_nonblocking(false)
+                .and_then(|()| recv_frame_with_fds(&stream, deadline, 1))
+            else {
+                continue;
+            };
+            if header.kind != Kind::Fd || payload.len() != 20 || payload[4..] != token || got.len() != 1 {
+                continue;
+            }
+            let q = u32::from_le_bytes(payload[..4].try_into().expect("4 bytes")) as usize;
+            if q >= world || q == rank || fds[q].is_some() {
+                continue;
+            }
+            fds[q] = Some(got.remove(0));
+            missing -= 1;
+        }
+        Ok(fds)
+    })();
+    let mut fds = vote(bootstrap, "descriptor exchange (receive)", received)?;
+    fds[rank] = Some(own);
+    fds.into_iter()
+        .enumerate()
+        .map(|(q, f)| {
+            f.ok_or_else(|| Error::Bootstrap {
+                reason: format!("no descriptor from rank {q}"),
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -829,6 +838,38 @@ mod tests {
         f[..4].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(frame_lengths(&f, 1).is_err());
         assert!(frame_lengths(&f, 2).is_err());
+    }
+
+    #[test]
+    fn descriptors_travel_over_abstract_sockets_named_through_the_bootstrap() {
+        use std::os::unix::fs::FileExt;
+        let dir = std::env::temp_dir().join(format!("symm-abstract-{}", hex(&random_token())));
+        std::fs::create_dir_all(&dir).unwrap();
+        let world = 4;
+        let hub = crate::LocalHub::new(world, Duration::from_secs(10));
+        std::thread::scope(|s| {
+            for r in 0..world {
+                let hub = hub.rank(r);
+                let dir = &dir;
+                s.spawn(move || {
+                    let path = dir.join(format!("rank{r}"));
+                    std::fs::write(&path, format!("from rank {r}")).unwrap();
+                    let file = std::fs::File::open(&path).unwrap();
+                    for _ in 0..3 {
+                        let fds =
+                            gather_fds_over_abstract_sockets(&hub, file.as_fd(), Duration::from_secs(10))
+                                .unwrap();
+                        assert_eq!(fds.len(), world);
+                        for (q, fd) in fds.into_iter().enumerate() {
+                            let mut buf = [0u8; 32];
+                            let n = std::fs::File::from(fd).read_at(&mut buf, 0).unwrap();
+                            assert_eq!(&buf[..n], format!("from rank {q}").as_bytes());
+                        }
+                    }
+                });
+            }
+        });
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
