@@ -94,7 +94,8 @@ fn host_overhead(c: &mut Criterion) {
     g.bench_function("symm_launch_empty_same_grid", |b| {
         b.iter_custom(|iters| {
             enqueue_time(&stream, iters, || {
-                comm.launch_empty(len, DType::BF16, &stream, Algorithm::Auto).expect("launch")
+                comm.launch_empty(len, DType::BF16, &stream, Algorithm::Auto)
+                    .expect("launch")
             })
         })
     });

@@ -42,7 +42,11 @@ pub struct Args {
 
     /// Algorithms: one_shot, two_shot, auto (the library's size-based choice), symmetric
     /// (zero-copy in place on the communicator's buffers), nccl.
-    #[arg(long, value_delimiter = ',', default_value = "one_shot,two_shot,auto,symmetric,nccl")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "one_shot,two_shot,auto,symmetric,nccl"
+    )]
     pub algos: Vec<AlgoChoice>,
 
     /// Timing modes.

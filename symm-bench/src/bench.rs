@@ -424,7 +424,11 @@ impl Bench {
         let world = self.world();
         let symmetric = algo == AlgoChoice::Symmetric;
         let kernel = self.comms[0].plan(len, dtype, algorithm);
-        let kernel_name = if symmetric { "in_place" } else { kernel.algorithm.name() };
+        let kernel_name = if symmetric {
+            "in_place"
+        } else {
+            kernel.algorithm.name()
+        };
 
         // Verify once: zeroed outputs, one call per rank, compare rank 0 with the sum.
         self.clear(b, world)?;
