@@ -18,6 +18,8 @@ struct SymmArgs {
     uint64_t state_offset;   // this rank's CallState (only the owner touches it)
     uint64_t data_offset;    // two data buffers (parity 0 and 1) of data_bytes each, then the
     uint64_t data_bytes;     // user-visible symmetric buffer (data_bytes) at data_offset + 2*data_bytes
+    uint64_t ll_offset;      // low-latency slots: [parity 2][source rank world] of ll_slot_bytes
+    uint64_t ll_slot_bytes;  // 16-byte lines, each carrying 8 payload bytes and the epoch twice
     uint64_t error;          // host-mapped u32: 0, or an error code written by a timed-out wait
     uint64_t timeout_ns;     // bound on every wait
     uint32_t rank;
@@ -28,7 +30,6 @@ constexpr uint32_t MAX_RANKS = 8;
 constexpr uint32_t MAX_BLOCKS = 64;
 constexpr uint32_t SLOTS_PER_ROW = 32;  // 128 bytes: blocks never share a line
 constexpr uint32_t THREADS = 512;
-constexpr uint32_t MIN_BLOCKS_PER_SM = 2;  // one-shot: <= 64 registers, two blocks per SM
 
 // Error word layout (decoded by src/communicator.rs): kind | phase << 8 | peer << 16.
 constexpr uint32_t ERROR_PEER_TIMEOUT = 1;
@@ -56,6 +57,24 @@ __device__ __forceinline__ void st_release_sys(uint32_t* p, uint32_t v) {
 __device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t* p) {
     uint32_t v;
     asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Low-latency lines {d0, epoch, d1, epoch}: written with one 16-byte relaxed store at system
+// scope, polled with one 16-byte relaxed load. Each 8-byte half carries its own copy of the
+// epoch, so even a store split into halves is never mistaken for a complete line.
+__device__ __forceinline__ void st_line_sys(uint4* p, uint32_t d0, uint32_t d1, uint32_t epoch) {
+    asm volatile("st.relaxed.sys.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(d0), "r"(epoch), "r"(d1),
+                 "r"(epoch)
+                 : "memory");
+}
+
+__device__ __forceinline__ uint4 ld_line_sys(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.relaxed.sys.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
     return v;
 }
 
@@ -93,6 +112,13 @@ struct Elem<__nv_bfloat16> {
     static constexpr uint32_t PER_PACK = 8;
     __device__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
     __device__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+};
+
+// 8-byte payload of a low-latency line.
+template <typename T>
+union Half {
+    uint2 bits;
+    T elems[8 / sizeof(T)];
 };
 
 template <typename T>
@@ -138,6 +164,13 @@ __device__ __forceinline__ char* data_buffer(const SymmArgs& a, uint32_t owner, 
 // The buffer users write into for the zero-copy in-place all-reduce.
 __device__ __forceinline__ char* symmetric_buffer(const SymmArgs& a, uint32_t owner) {
     return rank_alloc(a, owner) + a.data_offset + 2 * a.data_bytes;
+}
+
+// Line `line` of the slot that rank `source` fills in `owner`'s buffer for epoch parity `parity`.
+__device__ __forceinline__ uint4* ll_line(const SymmArgs& a, uint32_t owner, uint32_t parity, uint32_t source,
+                                          uint64_t line) {
+    char* slot = rank_alloc(a, owner) + a.ll_offset + (parity * a.world + source) * a.ll_slot_bytes;
+    return reinterpret_cast<uint4*>(slot) + line;
 }
 
 __device__ __forceinline__ CallState* call_state(const SymmArgs& a) {

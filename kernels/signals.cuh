@@ -17,7 +17,7 @@
 
 namespace symm {
 
-enum Phase : uint32_t { PHASE_START = 0, PHASE_MIDDLE = 1, PHASE_END = 2 };
+enum Phase : uint32_t { PHASE_START = 0, PHASE_MIDDLE = 1, PHASE_END = 2, PHASE_ARRIVAL = 3 };
 
 __device__ __forceinline__ uint32_t* signal_slot(const SymmArgs& a, uint32_t owner, uint32_t phase,
                                                  uint32_t block, uint32_t from) {
@@ -39,12 +39,15 @@ __device__ __forceinline__ uint32_t begin_call(const SymmArgs& a) {
     return epoch;
 }
 
-// The last block to finish publishes the epoch as completed for the next launch.
+// The last block to finish publishes the epoch as completed for the next launch (a lone
+// block is last by definition and skips the atomic).
 __device__ __forceinline__ void end_call(const SymmArgs& a, uint32_t epoch) {
     __syncthreads();
     if (threadIdx.x == 0) {
         CallState* s = call_state(a);
-        if (atom_add_acq_rel_gpu(&s->finished, 1) == gridDim.x - 1) {
+        if (gridDim.x == 1) {
+            *reinterpret_cast<volatile uint32_t*>(&s->calls) = epoch;
+        } else if (atom_add_acq_rel_gpu(&s->finished, 1) == gridDim.x - 1) {
             *reinterpret_cast<volatile uint32_t*>(&s->finished) = 0;
             *reinterpret_cast<volatile uint32_t*>(&s->calls) = epoch;
         }

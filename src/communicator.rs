@@ -722,11 +722,12 @@ struct Hello {
     device: [u8; 16],
     ordinal: usize,
     host_id: [u8; 16],
-    config: [u64; 6],
+    config: [u64; CONFIG_WORDS],
     host: String,
 }
 
-const HELLO_FIXED: usize = 8 + 16 + 8 + 16 + 6 * 8;
+const CONFIG_WORDS: usize = 7;
+const HELLO_FIXED: usize = 8 + 16 + 8 + 16 + CONFIG_WORDS * 8;
 
 impl Hello {
     fn encode(&self) -> Vec<u8> {
@@ -761,13 +762,13 @@ impl Hello {
             device: bytes16(8),
             ordinal: word(24) as usize,
             host_id: bytes16(32),
-            config: [word(48), word(56), word(64), word(72), word(80), word(88)],
+            config: std::array::from_fn(|i| word(48 + 8 * i)),
             host: String::from_utf8_lossy(&b[HELLO_FIXED..]).into_owned(),
         })
     }
 }
 
-fn config_fingerprint(c: &Config) -> [u64; 6] {
+fn config_fingerprint(c: &Config) -> [u64; CONFIG_WORDS] {
     // Booleans share a word with the algorithm.
     let algorithm_and_flags = (c.peer_kernels as u64) << 8;
     [
@@ -778,11 +779,13 @@ fn config_fingerprint(c: &Config) -> [u64; 6] {
                 Algorithm::OneShot => 1,
                 Algorithm::TwoShot => 2,
                 Algorithm::Nccl => 3,
+                Algorithm::LowLatency => 4,
             },
         c.one_shot_max_bytes.map_or(u64::MAX, |b| b as u64),
         c.max_blocks_per_rank as u64,
         c.timeout.as_nanos().min(u64::MAX as u128) as u64,
         c.nccl_above_bytes.map_or(u64::MAX, |b| b as u64),
+        c.low_latency_max_bytes as u64,
     ]
 }
 
@@ -956,7 +959,12 @@ fn setup(
         }
         kernels = Some(k);
     }
-    let layout = Layout::new(config.capacity_bytes, granularity);
+    let layout = Layout::new(
+        config.capacity_bytes,
+        config.low_latency_max_bytes,
+        world,
+        granularity,
+    );
 
     // This rank's memory, exported for the peers.
     let own = soft_step(bootstrap, &mut failed, "allocation", || {
@@ -1002,6 +1010,8 @@ fn setup(
                 state_offset: STATE_OFFSET as u64,
                 data_offset: DATA_OFFSET as u64,
                 data_bytes: layout.data_bytes as u64,
+                ll_offset: layout.ll_offset() as u64,
+                ll_slot_bytes: layout.ll_slot_bytes as u64,
                 error: error.device_ptr(),
                 timeout_ns: config.timeout.as_nanos().min(u64::MAX as u128) as u64,
                 rank: rank as u32,
@@ -1082,6 +1092,8 @@ fn decode_error(code: u32, rank: usize, timeout: Duration) -> Error {
         let phase = match (code >> 8) & 0xff {
             0 => BarrierPhase::Start,
             1 => BarrierPhase::Middle,
+            2 => BarrierPhase::End,
+            3 => BarrierPhase::Arrival,
             p => BarrierPhase::Unknown(p),
         };
         Error::PeerTimeout {

@@ -11,6 +11,10 @@ pub enum BarrierPhase {
     Start,
     /// Between two-shot's reduce-scatter and all-gather.
     Middle,
+    /// After the zero-copy in-place call's pushes.
+    End,
+    /// Waiting for a peer's low-latency lines to arrive.
+    Arrival,
     /// A code this version does not know (newer kernels).
     Unknown(u32),
 }
@@ -20,6 +24,8 @@ impl std::fmt::Display for BarrierPhase {
         match self {
             BarrierPhase::Start => f.write_str("start barrier"),
             BarrierPhase::Middle => f.write_str("middle barrier"),
+            BarrierPhase::End => f.write_str("end barrier"),
+            BarrierPhase::Arrival => f.write_str("arrival of its low-latency lines"),
             BarrierPhase::Unknown(c) => write!(f, "barrier phase {c}"),
         }
     }

@@ -40,6 +40,8 @@ pub(crate) struct SymmArgs {
     pub state_offset: u64,
     pub data_offset: u64,
     pub data_bytes: u64,
+    pub ll_offset: u64,
+    pub ll_slot_bytes: u64,
     pub error: u64,
     pub timeout_ns: u64,
     pub rank: u32,
@@ -56,6 +58,7 @@ pub(crate) struct Kernels {
     one_shot: [CudaFunction; 3],
     two_shot: [CudaFunction; 3],
     in_place: [CudaFunction; 3],
+    low_latency: [CudaFunction; 3],
     empty: CudaFunction,
 }
 
@@ -92,6 +95,7 @@ impl Kernels {
             one_shot: per_dtype("one_shot")?,
             two_shot: per_dtype("two_shot")?,
             in_place: per_dtype("in_place")?,
+            low_latency: per_dtype("one_shot_ll")?,
             empty: load("symm_empty".to_string())?,
         })
     }
@@ -100,6 +104,7 @@ impl Kernels {
     pub(crate) fn get(&self, algorithm: Algorithm, dtype: DType) -> &CudaFunction {
         match algorithm {
             Algorithm::TwoShot => &self.two_shot[dtype.index()],
+            Algorithm::LowLatency => &self.low_latency[dtype.index()],
             _ => &self.one_shot[dtype.index()],
         }
     }
@@ -113,8 +118,8 @@ impl Kernels {
         &self.empty
     }
 
-    /// Fewest resident blocks per SM over the dtypes, for one-shot and for the two-shot
-    /// family (two-shot and in-place share that limit).
+    /// Fewest resident blocks per SM over the dtypes, for the one-shot family (one-shot and
+    /// low-latency) and for the two-shot family (two-shot and in-place).
     pub(crate) fn blocks_per_sm(&self, threads: u32) -> Result<(usize, usize)> {
         let occ = |fs: &[CudaFunction; 3]| -> Result<usize> {
             let mut least = usize::MAX;
@@ -127,7 +132,7 @@ impl Kernels {
             Ok(least)
         };
         Ok((
-            occ(&self.one_shot)?,
+            occ(&self.one_shot)?.min(occ(&self.low_latency)?),
             occ(&self.two_shot)?.min(occ(&self.in_place)?),
         ))
     }
@@ -139,11 +144,12 @@ mod tests {
 
     #[test]
     fn symm_args_layout_matches_device_struct() {
-        // Device struct: eight u64 then two u32, no padding: 72 bytes, 8-aligned.
-        assert_eq!(std::mem::size_of::<SymmArgs>(), 72);
+        // Device struct: ten u64 then two u32, no padding: 88 bytes, 8-aligned.
+        assert_eq!(std::mem::size_of::<SymmArgs>(), 88);
         assert_eq!(std::mem::align_of::<SymmArgs>(), 8);
-        assert_eq!(std::mem::offset_of!(SymmArgs, timeout_ns), 56);
-        assert_eq!(std::mem::offset_of!(SymmArgs, rank), 64);
-        assert_eq!(std::mem::offset_of!(SymmArgs, world), 68);
+        assert_eq!(std::mem::offset_of!(SymmArgs, ll_offset), 48);
+        assert_eq!(std::mem::offset_of!(SymmArgs, timeout_ns), 72);
+        assert_eq!(std::mem::offset_of!(SymmArgs, rank), 80);
+        assert_eq!(std::mem::offset_of!(SymmArgs, world), 84);
     }
 }

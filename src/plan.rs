@@ -24,6 +24,10 @@ pub enum Algorithm {
     OneShot,
     /// Reduce-scatter then all-gather: two barriers, `2·(W-1)/W·S` bytes per rank.
     TwoShot,
+    /// One-shot without any barrier: every rank pushes its input to every rank as 16-byte
+    /// lines that carry the call's epoch next to each 8 bytes of data, and polls its own
+    /// slots until all lines have arrived (`2·W·S` bytes written per rank: small messages).
+    LowLatency,
     /// `ncclAllReduce` through the communicator's NCCL fallback (only communicators created
     /// with one: [`crate::Communicator::from_nccl`], [`crate::Communicator::with_nccl_fallback`]).
     Nccl,
@@ -36,6 +40,7 @@ impl Algorithm {
             Algorithm::Auto => "auto",
             Algorithm::OneShot => "one_shot",
             Algorithm::TwoShot => "two_shot",
+            Algorithm::LowLatency => "low_latency",
             Algorithm::Nccl => "nccl",
         }
     }
@@ -54,6 +59,7 @@ impl std::str::FromStr for Algorithm {
             "auto" => Ok(Algorithm::Auto),
             "one_shot" | "oneshot" => Ok(Algorithm::OneShot),
             "two_shot" | "twoshot" => Ok(Algorithm::TwoShot),
+            "low_latency" | "ll" => Ok(Algorithm::LowLatency),
             "nccl" => Ok(Algorithm::Nccl),
             _ => Err(format!(
                 "unknown algorithm {s:?}: expected auto, one_shot, two_shot or nccl"
@@ -76,6 +82,9 @@ pub struct Config {
     /// Most blocks one rank launches (1..=64). Fewer may be used where the device cannot
     /// keep every rank's blocks resident at once.
     pub max_blocks_per_rank: usize,
+    /// `Auto` uses the barrier-free low-latency kernel up to this many bytes (inclusive;
+    /// 0 turns it off). Each rank reserves `4·W` times this for its slots.
+    pub low_latency_max_bytes: usize,
     /// Bound on every wait for a peer. Expiry poisons the communicator and surfaces as
     /// [`Error::PeerTimeout`].
     pub timeout: Duration,
@@ -96,6 +105,7 @@ impl Default for Config {
             algorithm: Algorithm::Auto,
             one_shot_max_bytes: None,
             max_blocks_per_rank: 32,
+            low_latency_max_bytes: 32 << 10,
             timeout: Duration::from_secs(10),
             nccl_above_bytes: None,
             peer_kernels: true,
@@ -128,6 +138,11 @@ impl Config {
             )));
         }
         Ok(())
+    }
+
+    /// Largest message the low-latency kernel takes (its slots never exceed the capacity).
+    pub fn low_latency_limit(&self) -> usize {
+        self.low_latency_max_bytes.min(self.capacity_bytes)
     }
 
     /// The `Auto` crossover for a world size.
@@ -219,7 +234,9 @@ pub fn plan_all_reduce(
     let bytes = len * dtype.size();
     let choice = match (requested, config.algorithm) {
         (Algorithm::Auto, Algorithm::Auto) => {
-            if world == 1 || bytes <= config.one_shot_limit(world) {
+            if bytes <= config.low_latency_limit() {
+                Algorithm::LowLatency
+            } else if world == 1 || bytes <= config.one_shot_limit(world) {
                 Algorithm::OneShot
             } else {
                 Algorithm::TwoShot
@@ -237,6 +254,8 @@ pub fn plan_all_reduce(
     let packs = len / dtype.per_pack();
     let (work, max_blocks) = match choice {
         Algorithm::TwoShot => (packs.div_ceil(world), limits.two_shot_blocks),
+        // One thread per 8-byte line.
+        Algorithm::LowLatency => (bytes.div_ceil(8), limits.one_shot_blocks),
         _ => (packs, limits.one_shot_blocks),
     };
     let wanted = work.div_ceil(THREADS_PER_BLOCK as usize).max(1);
@@ -422,8 +441,18 @@ pub fn decide_path(
         });
     }
     let plan = plan_all_reduce(len, dtype, facts.world, facts.limits, config, chosen);
+    if plan.algorithm == Algorithm::LowLatency && bytes > config.low_latency_limit() {
+        return Err(Error::ExceedsCapacity {
+            bytes,
+            capacity: config.low_latency_limit(),
+        });
+    }
     let limit = config.one_shot_limit(facts.world);
+    let ll_limit = config.low_latency_limit();
     let reason = match (requested, config.algorithm, plan.algorithm) {
+        (Algorithm::Auto, Algorithm::Auto, Algorithm::LowLatency) => {
+            format!("{bytes} bytes <= low-latency limit ({ll_limit})")
+        }
         (Algorithm::Auto, Algorithm::Auto, _) if facts.world == 1 => "one rank: one-shot copy".to_string(),
         (Algorithm::Auto, Algorithm::Auto, Algorithm::OneShot) => {
             format!("{bytes} bytes <= one-shot limit ({limit})")
@@ -473,6 +502,40 @@ mod tests {
         // One rank never needs two-shot.
         let p = plan_all_reduce(64 << 20, DType::F32, 1, WIDE, &c, Algorithm::Auto);
         assert_eq!(p.algorithm, Algorithm::OneShot);
+    }
+
+    #[test]
+    fn auto_uses_the_low_latency_kernel_for_small_messages() {
+        let c = Config::default();
+        for world in [1, 2, 8] {
+            let at = plan_all_reduce(16 << 10, DType::BF16, world, WIDE, &c, Algorithm::Auto);
+            let above = plan_all_reduce((16 << 10) + 1, DType::BF16, world, WIDE, &c, Algorithm::Auto);
+            assert_eq!(at.algorithm, Algorithm::LowLatency, "world {world}");
+            assert_eq!(above.algorithm, Algorithm::OneShot, "world {world}");
+        }
+        // One thread per 8-byte line: 8 KiB is 1024 lines, two blocks; a tail needs one more line.
+        assert_eq!(
+            plan_all_reduce(4096, DType::BF16, 8, WIDE, &c, Algorithm::Auto).blocks,
+            2
+        );
+        assert_eq!(
+            plan_all_reduce(1, DType::F32, 8, WIDE, &c, Algorithm::Auto).blocks,
+            1
+        );
+        // Off when 0, and never beyond the capacity.
+        let off = Config {
+            low_latency_max_bytes: 0,
+            ..Config::default()
+        };
+        assert_eq!(
+            plan_all_reduce(4, DType::F32, 8, WIDE, &off, Algorithm::Auto).algorithm,
+            Algorithm::OneShot
+        );
+        let tiny = Config {
+            capacity_bytes: 1024,
+            ..Config::default()
+        };
+        assert_eq!(tiny.low_latency_limit(), 1024);
     }
 
     #[test]
@@ -570,9 +633,13 @@ mod tests {
         };
         let both = facts(Ok(()), Ok(()));
         let d = |len, algo, f| decide_path(len, DType::BF16, &c, algo, f);
-        // Small: one-shot; middle: two-shot; above the threshold: NCCL.
+        // Small: low-latency, then one-shot; middle: two-shot; above the threshold: NCCL.
         assert_eq!(
             d(1024, Algorithm::Auto, both).unwrap().algorithm,
+            Algorithm::LowLatency
+        );
+        assert_eq!(
+            d(40_000, Algorithm::Auto, both).unwrap().algorithm,
             Algorithm::OneShot
         );
         assert_eq!(
@@ -643,8 +710,17 @@ mod tests {
         let c = Config::default();
         let f = facts(Ok(()), Err("none"));
         let p = decide_path(100, DType::F32, &c, Algorithm::Auto, f).unwrap();
+        assert!(p.reason.contains("<= low-latency limit"), "{p}");
+        assert!(p.to_string().starts_with("low_latency (1 blocks)"), "{p}");
+        let p = decide_path(10_000, DType::F32, &c, Algorithm::Auto, f).unwrap();
         assert!(p.reason.contains("<= one-shot limit"), "{p}");
-        assert!(p.to_string().starts_with("one_shot (1 blocks)"), "{p}");
+        assert!(p.to_string().starts_with("one_shot (5 blocks)"), "{p}");
+        // Forcing the low-latency kernel past its slots is refused, not silently rerouted.
+        assert!(matches!(
+            decide_path(10_000, DType::F32, &c, Algorithm::LowLatency, f),
+            Err(Error::ExceedsCapacity { capacity, .. }) if capacity == 32 << 10
+        ));
+        assert_eq!("ll".parse::<Algorithm>().unwrap(), Algorithm::LowLatency);
         let p = decide_path(100, DType::F32, &c, Algorithm::TwoShot, f).unwrap();
         assert_eq!(p.reason, "two_shot was asked for");
         let one = PathFacts { world: 1, ..f };

@@ -10,6 +10,7 @@
 //! 64 KiB   data buffer, parity 0 (data_bytes): the kernels' copy of the caller's input
 //! ...      data buffer, parity 1 (data_bytes)
 //! ...      symmetric buffer (data_bytes): the caller's data for the zero-copy in-place call
+//! ...      low-latency slots: [parity 2][source rank W] × ll_slot_bytes of 16-byte lines
 //! ```
 
 use crate::driver::vmm::{self, Allocation, PeerMapping};
@@ -30,19 +31,35 @@ const _: () = assert!(STATE_OFFSET + 128 <= DATA_OFFSET);
 pub struct Layout {
     /// Bytes of one data buffer and of the symmetric buffer (capacity rounded up to 4 KiB).
     pub data_bytes: usize,
+    /// Bytes of one low-latency slot: 16-byte lines carrying 8 payload bytes each, for up
+    /// to `min(low_latency_max_bytes, capacity)` bytes.
+    pub ll_slot_bytes: usize,
     /// Bytes of each rank's allocation (and the stride between ranks' mappings).
     pub alloc_bytes: usize,
 }
 
 impl Layout {
-    /// The layout for `capacity` bytes per call.
-    pub fn new(capacity: usize, granularity: usize) -> Self {
+    /// The layout for `capacity` bytes per call, low-latency calls of up to
+    /// `low_latency_max` bytes, and `world` ranks.
+    pub fn new(capacity: usize, low_latency_max: usize, world: usize, granularity: usize) -> Self {
         let data_bytes = capacity.next_multiple_of(4096);
-        let alloc_bytes = (DATA_OFFSET + 3 * data_bytes).next_multiple_of(granularity);
+        let ll_slot_bytes = (low_latency_max.min(capacity).div_ceil(8) * 16).max(16);
+        let end = DATA_OFFSET + 3 * data_bytes + 2 * world * ll_slot_bytes;
         Layout {
             data_bytes,
-            alloc_bytes,
+            ll_slot_bytes,
+            alloc_bytes: end.next_multiple_of(granularity),
         }
+    }
+
+    /// Offset of the low-latency slots inside each rank's allocation.
+    pub fn ll_offset(&self) -> usize {
+        DATA_OFFSET + 3 * self.data_bytes
+    }
+
+    /// Largest message, in bytes, the low-latency slots hold.
+    pub fn ll_capacity(&self) -> usize {
+        self.ll_slot_bytes / 2
     }
 
     /// Offset of the symmetric buffer inside each rank's allocation.
@@ -115,18 +132,23 @@ mod tests {
 
     #[test]
     fn layout_rounds_to_granularity_and_keeps_both_parities() {
-        let l = Layout::new(1, 2 << 20);
+        let l = Layout::new(1, 32 << 10, 8, 2 << 20);
         assert_eq!(l.data_bytes, 4096);
         assert_eq!(l.alloc_bytes, 2 << 20);
-        let l = Layout::new(64 << 20, 2 << 20);
+        assert_eq!(l.ll_capacity(), 8); // one line: never more than the capacity
+        let l = Layout::new(64 << 20, 32 << 10, 8, 2 << 20);
         assert_eq!(l.data_bytes, 64 << 20);
+        assert_eq!(l.ll_slot_bytes, 64 << 10);
+        assert_eq!(l.ll_capacity(), 32 << 10);
         assert_eq!(l.alloc_bytes, 194 << 20);
+        assert!(l.ll_offset() + 2 * 8 * l.ll_slot_bytes <= l.alloc_bytes);
         assert_eq!(
             l.symmetric_offset() + l.data_bytes,
             DATA_OFFSET + 3 * l.data_bytes
         );
         assert!(l.symmetric_offset() + l.data_bytes <= l.alloc_bytes);
-        let l = Layout::new(5000, 4096);
+        let l = Layout::new(5000, 0, 3, 4096);
+        assert_eq!(l.ll_slot_bytes, 16);
         assert_eq!(l.data_bytes, 8192);
         assert_eq!(l.alloc_bytes % 4096, 0);
         assert!(l.symmetric_offset() + l.data_bytes <= l.alloc_bytes);

@@ -19,7 +19,22 @@ use symm_allreduce::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCapt
 use symm_allreduce::cudarc::driver::{CudaSlice, CudaStream};
 use symm_allreduce::{Algorithm, Communicator, Config, DType, Error};
 
-const ALGOS: [Algorithm; 3] = [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::Auto];
+const ALGOS: [Algorithm; 4] = [
+    Algorithm::OneShot,
+    Algorithm::TwoShot,
+    Algorithm::LowLatency,
+    Algorithm::Auto,
+];
+
+/// The low-latency kernel only takes messages that fit its slots (32 KiB by default): clamp
+/// the length when it is forced.
+fn fit(algo: Algorithm, dtype: DType, len: usize) -> usize {
+    if algo == Algorithm::LowLatency {
+        len.min(Config::default().low_latency_max_bytes / dtype.size())
+    } else {
+        len
+    }
+}
 
 fn config(capacity_bytes: usize) -> Config {
     Config {
@@ -99,6 +114,7 @@ fn dispatch(
     algo: Algorithm,
     seed: u64,
 ) -> Result<(), String> {
+    let len = fit(algo, dtype, len);
     match dtype {
         DType::F32 => random_round::<f32>(comms, streams, len, algo, seed),
         DType::F16 => random_round::<f16>(comms, streams, len, algo, seed),
@@ -121,7 +137,7 @@ fn proptest_dtype_world_count_algorithm_against_references() {
             4 => 65usize..=100_000,
             2 => 100_001usize..=max_len,
         ],
-        0usize..3,
+        0usize..ALGOS.len(),
         any::<u64>(),
     );
     let mut runner = TestRunner::new(PropConfig {
@@ -174,6 +190,12 @@ fn one_shot_and_two_shot_agree_bit_for_bit() {
         for r in 0..8 {
             check_bits(&format!("len {len} rank {r}"), &one[r], &two[r]).unwrap();
         }
+        if len * 2 <= Config::default().low_latency_max_bytes {
+            let ll = round(&comms, &streams, &inputs, Algorithm::LowLatency).unwrap();
+            for r in 0..8 {
+                check_bits(&format!("low latency len {len} rank {r}"), &one[r], &ll[r]).unwrap();
+            }
+        }
     }
 }
 
@@ -191,7 +213,7 @@ fn nan_and_inf_propagate_as_ieee_sums() {
     inputs[3][5] = f32::NEG_INFINITY; // inf + -inf = NaN
     inputs[0][9] = f32::INFINITY;
     inputs[2][1026] = f32::NAN; // in the scalar tail
-    for algo in [Algorithm::OneShot, Algorithm::TwoShot] {
+    for algo in [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::LowLatency] {
         let out = round(&comms, &streams, &inputs, algo).unwrap();
         check_bits("nan/inf", &emulate(&inputs), &out[0]).unwrap();
         assert!(out[0][0].is_nan() && out[0][5].is_nan() && out[0][1026].is_nan());
@@ -245,7 +267,9 @@ fn back_to_back(world: usize, seed: u64) {
     let (comms, streams) = group(&ctx, world, config(SLOT * 2));
     let mut g = rng(seed);
     let lens: Vec<usize> = (0..CALLS).map(|_| g.random_range(1..=SLOT)).collect();
-    let algos: Vec<Algorithm> = (0..CALLS).map(|_| ALGOS[g.random_range(0..3)]).collect();
+    let algos: Vec<Algorithm> = (0..CALLS)
+        .map(|_| ALGOS[g.random_range(0..ALGOS.len())])
+        .collect();
     let inputs: Vec<Vec<bf16>> = (0..world).map(|_| random_input(&mut g, CALLS * SLOT)).collect();
     let d_in: Vec<CudaSlice<bf16>> = streams
         .iter()
@@ -303,13 +327,13 @@ fn graph_of_ten_all_reduces_replays_100_times_on_new_inputs() {
         (1, Algorithm::Auto),
         (9, Algorithm::Auto),
         (100, Algorithm::TwoShot),
+        (4097, Algorithm::LowLatency),
         (4096, Algorithm::Auto),
         (4099, Algorithm::OneShot),
-        (33_003, Algorithm::Auto),
         (131_072, Algorithm::Auto), // 256 KiB bf16: last one-shot size at W=8
         (131_080, Algorithm::Auto), // just above: two-shot
         (600_001, Algorithm::Auto),
-        (7, Algorithm::OneShot),
+        (7, Algorithm::LowLatency),
     ];
     let offsets: Vec<usize> = ops
         .iter()
@@ -440,7 +464,7 @@ fn stuck_peer_times_out_poisons_and_does_not_hang() {
         return;
     };
     let timeout = Duration::from_millis(200);
-    for algo in [Algorithm::OneShot, Algorithm::TwoShot] {
+    for algo in [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::LowLatency] {
         let comms = Communicator::local_group(
             &[ctx.clone(), ctx.clone(), ctx.clone()],
             Config {
@@ -462,13 +486,15 @@ fn stuck_peer_times_out_poisons_and_does_not_hang() {
         let waited = started.elapsed();
         assert!(waited >= timeout, "{algo}: returned after {waited:?}");
         assert!(waited < timeout * 20, "{algo}: took {waited:?}");
+        let expected_phase = if algo == Algorithm::LowLatency {
+            symm_allreduce::BarrierPhase::Arrival
+        } else {
+            symm_allreduce::BarrierPhase::Start
+        };
         match &err {
             Error::PeerTimeout {
-                rank: 0,
-                peer,
-                phase: symm_allreduce::BarrierPhase::Start,
-                ..
-            } => assert!(*peer == 1 || *peer == 2, "{err}"),
+                rank: 0, peer, phase, ..
+            } if *phase == expected_phase => assert!(*peer == 1 || *peer == 2, "{err}"),
             _ => panic!("{algo}: unexpected {err:?}"),
         }
         // Poisoned: later calls fail at once, without launching.

@@ -40,12 +40,12 @@ pub struct Args {
     #[arg(long = "dtype", value_delimiter = ',', default_value = "bf16,f32")]
     pub dtypes: Vec<DType>,
 
-    /// Algorithms: one_shot, two_shot, auto (the library's size-based choice), symmetric
+    /// Algorithms: low_latency (sizes up to 32 KiB), one_shot, two_shot, auto (the library's size-based choice), symmetric
     /// (zero-copy in place on the communicator's buffers), nccl.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "one_shot,two_shot,auto,symmetric,nccl"
+        default_value = "low_latency,one_shot,two_shot,auto,symmetric,nccl"
     )]
     pub algos: Vec<AlgoChoice>,
 
@@ -98,6 +98,10 @@ pub enum AlgoChoice {
     /// symm-allreduce two-shot.
     #[value(name = "two_shot", alias = "two-shot")]
     TwoShot,
+    /// symm-allreduce low-latency one-shot (no barrier; messages up to the library's
+    /// low-latency limit, 32 KiB by default).
+    #[value(name = "low_latency", alias = "ll")]
+    LowLatency,
     /// symm-allreduce, the library's own choice by size.
     #[value(name = "auto")]
     Auto,
@@ -117,6 +121,7 @@ impl AlgoChoice {
         match self {
             AlgoChoice::OneShot => Some(Algorithm::OneShot),
             AlgoChoice::TwoShot => Some(Algorithm::TwoShot),
+            AlgoChoice::LowLatency => Some(Algorithm::LowLatency),
             AlgoChoice::Auto => Some(Algorithm::Auto),
             // The in-place kernel launches the two-shot grid.
             AlgoChoice::Symmetric => Some(Algorithm::TwoShot),
@@ -129,6 +134,7 @@ impl AlgoChoice {
         match self {
             AlgoChoice::OneShot => "one_shot",
             AlgoChoice::TwoShot => "two_shot",
+            AlgoChoice::LowLatency => "low_latency",
             AlgoChoice::Auto => "auto",
             AlgoChoice::Symmetric => "symmetric",
             AlgoChoice::Nccl => "nccl",
@@ -298,7 +304,11 @@ impl RunPlan {
 
     /// Whether `algo` runs at `bytes` (one-shot stops at 64 MiB in a sweep).
     pub fn runs(&self, algo: AlgoChoice, bytes: usize) -> bool {
-        algo != AlgoChoice::OneShot || self.explicit_sizes || bytes <= ONE_SHOT_SWEEP_MAX
+        match algo {
+            AlgoChoice::LowLatency => bytes <= symm_allreduce::Config::default().low_latency_max_bytes,
+            AlgoChoice::OneShot => self.explicit_sizes || bytes <= ONE_SHOT_SWEEP_MAX,
+            _ => true,
+        }
     }
 
     /// Drops sizes above `max_bytes`; returns the dropped ones.
@@ -387,7 +397,7 @@ mod tests {
         let args = Args::try_parse_from(["symm-bench"]).unwrap();
         assert_eq!(args.world, 8);
         assert_eq!(args.dtypes, vec![DType::BF16, DType::F32]);
-        assert_eq!(args.algos.len(), 5);
+        assert_eq!(args.algos.len(), 6);
         let plan = RunPlan::from_args(&args);
         assert_eq!(plan.sizes, sweep_sizes());
         assert_eq!(plan.rounds(Mode::GraphIsolated), 200);

@@ -231,6 +231,15 @@ pub fn summary(rows: &[Row], d2d_copy_gbs: Option<f64>) -> Vec<String> {
             ));
         }
     }
+    if let Some(r) = find("low_latency", Mode::GraphIsolated, 8 << 10) {
+        if let (Some(e), Some(d)) = (r.empty_us, r.over_empty_us) {
+            out.push(format!(
+                "#   small message, 8K low_latency graph_isolated: {:.2} µs = empty {e:.2} + {d:.2} µs \
+                 (target for the barrier-free path: empty + 1.0 µs)",
+                r.time_us
+            ));
+        }
+    }
     if let Some(r) = find("one_shot", Mode::Eager, 8 << 10) {
         if let Some(e) = r.empty_host_us {
             out.push(format!(
