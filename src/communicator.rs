@@ -16,6 +16,7 @@ use crate::driver::vmm::{self, Allocation};
 use crate::dtype::{DType, Element};
 use crate::error::{BarrierPhase, CudaResultExt, Error, Result};
 use crate::kernels::{Kernels, SymmArgs};
+use crate::nvtx;
 use crate::plan::{
     self, Algorithm, CallShape, Config, Limits, PathDecision, PathFacts, Plan, THREADS_PER_BLOCK,
 };
@@ -522,6 +523,13 @@ impl Communicator {
         match (&self.peer, path.algorithm) {
             (Some(peer), algorithm) if algorithm != Algorithm::Nccl => {
                 let plan = self.plan(len, T::DTYPE, Algorithm::TwoShot);
+                let _range = nvtx::Range::new(|| {
+                    format!(
+                        "symm all_reduce_symmetric {} {} B",
+                        T::DTYPE,
+                        len * T::DTYPE.size()
+                    )
+                });
                 self.launch(peer, peer.kernels.in_place(T::DTYPE), plan, ptr, ptr, len, stream)
             }
             _ => self.nccl()?.all_reduce(ptr, ptr, len, T::DTYPE, stream),
@@ -638,6 +646,14 @@ impl Communicator {
 
     /// Validates placement for the chosen path and runs it.
     fn run(&self, shape: CallShape, path: &PathDecision, stream: &CudaStream) -> Result<()> {
+        let _range = nvtx::Range::new(|| {
+            format!(
+                "symm all_reduce {} {} {} B",
+                path.algorithm,
+                shape.dtype,
+                shape.input_len * shape.dtype.size()
+            )
+        });
         match path.plan {
             Some(plan) => {
                 plan::validate_placement(&shape, self.device(), true)?;

@@ -34,6 +34,7 @@ mod driver;
 mod dtype;
 mod error;
 mod kernels;
+mod nvtx;
 mod plan;
 mod symmetric;
 mod topology;
