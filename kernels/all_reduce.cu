@@ -53,16 +53,19 @@ __device__ __forceinline__ void sum_tail(const SymmArgs& a, uint32_t parity, T* 
 // One-shot: copy in, start barrier, every rank reads every rank's whole buffer.
 template <typename T>
 __device__ __forceinline__ void one_shot(const T* in, T* out, uint64_t n, const SymmArgs& a) {
-    const uint32_t epoch = begin_call(a);
-    const uint32_t parity = epoch & 1;
     const uint64_t packs = n / Elem<T>::PER_PACK;
     const PackLoop loop;
     const uint4* src = reinterpret_cast<const uint4*>(in);
+    // Start this thread's first input load before reading the epoch: the two latencies overlap.
+    const uint4 first = loop.first < packs ? src[loop.first] : make_uint4(0, 0, 0, 0);
+    const uint32_t epoch = begin_call(a);
+    const uint32_t parity = epoch & 1;
     uint4* dst = reinterpret_cast<uint4*>(out);
     uint4* mine = reinterpret_cast<uint4*>(data_buffer(a, a.rank, parity));
     const char* rank0 = data_buffer(a, 0, parity);
 
-    for (uint64_t i = loop.first; i < packs; i += loop.step) mine[i] = src[i];
+    if (loop.first < packs) mine[loop.first] = first;
+    for (uint64_t i = loop.first + loop.step; i < packs; i += loop.step) mine[i] = src[i];
     copy_tail_in(a, parity, in, n);
 
     if (block_barrier(a, PHASE_START, epoch)) {
@@ -172,6 +175,31 @@ __device__ __forceinline__ void in_place(uint64_t n, const SymmArgs& a) {
     end_call(a, epoch);
 }
 
+// Line `l` (8 bytes) of the input, zero-padded past element n.
+template <typename T>
+__device__ __forceinline__ Half<T> load_line(const T* in, uint64_t n, uint64_t l) {
+    constexpr uint32_t PER_LINE = 8 / sizeof(T);
+    Half<T> h;
+    if ((l + 1) * PER_LINE <= n) {
+        h.bits = reinterpret_cast<const uint2*>(in)[l];
+        return h;
+    }
+    // Tail: assemble the words from raw element bits (constant indices keep it in registers).
+    uint32_t w0 = 0, w1 = 0;
+#pragma unroll
+    for (uint32_t e = 0; e < PER_LINE; ++e) {
+        const uint64_t i = l * PER_LINE + e;
+        if (i < n) {
+            const uint32_t bits = sizeof(T) == 4 ? reinterpret_cast<const uint32_t*>(in)[i]
+                                                 : reinterpret_cast<const uint16_t*>(in)[i];
+            const uint32_t shift = (e * sizeof(T) % 4) * 8;
+            if (e * sizeof(T) < 4) w0 |= bits << shift; else w1 |= bits << shift;
+        }
+    }
+    h.bits = make_uint2(w0, w1);
+    return h;
+}
+
 // Low-latency one-shot for small messages: no barrier at all. Every rank pushes its input as
 // 16-byte lines {d0, epoch, d1, epoch} into a slot of every rank's buffer (its own included),
 // then polls its own slots until every line of every source carries this call's epoch, and
@@ -185,20 +213,13 @@ __device__ __forceinline__ void one_shot_ll(const T* in, T* out, uint64_t n, con
     const uint64_t lines = (n + PER_LINE - 1) / PER_LINE;
     const uint64_t first = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+    // Input load of the first line before reading the epoch: the two latencies overlap.
+    const Half<T> first_line = load_line(in, n, first);
     const uint32_t epoch = begin_call(a);
     const uint32_t parity = epoch & 1;
 
     for (uint64_t l = first; l < lines; l += step) {
-        Half<T> h;
-        if ((l + 1) * PER_LINE <= n) {
-            h.bits = reinterpret_cast<const uint2*>(in)[l];
-        } else {
-            h.bits = make_uint2(0, 0);
-#pragma unroll
-            for (uint32_t e = 0; e < PER_LINE; ++e) {
-                if (l * PER_LINE + e < n) h.elems[e] = in[l * PER_LINE + e];
-            }
-        }
+        const Half<T> h = l == first ? first_line : load_line(in, n, l);
 #pragma unroll
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
             if (q < a.world) st_line_sys(ll_line(a, q, parity, a.rank, l), h.bits.x, h.bits.y, epoch);

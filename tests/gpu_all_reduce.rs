@@ -475,8 +475,9 @@ fn stuck_peer_times_out_poisons_and_does_not_hang() {
         )
         .unwrap();
         let stream = ctx.new_stream().unwrap();
-        let input = stream.clone_htod(&vec![1.0f32; 10_000]).unwrap();
-        let mut output = stream.alloc_zeros::<f32>(10_000).unwrap();
+        let len = fit(algo, DType::F32, 10_000);
+        let input = stream.clone_htod(&vec![1.0f32; len]).unwrap();
+        let mut output = stream.alloc_zeros::<f32>(len).unwrap();
         let started = Instant::now();
         // Ranks 1 and 2 never launch.
         comms[0]
