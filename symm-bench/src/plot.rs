@@ -30,7 +30,9 @@ fn colour(algo: &str) -> RGBColor {
         "two_shot" => RGBColor(214, 39, 40),
         "auto" => RGBColor(44, 160, 44),
         "nccl" => RGBColor(20, 20, 20),
-        _ => RGBColor(148, 103, 189),
+        "low_latency" => RGBColor(148, 103, 189),
+        "symmetric" => RGBColor(255, 127, 14),
+        _ => RGBColor(140, 86, 75),
     }
 }
 
@@ -143,10 +145,15 @@ fn draw_panel<DB: DrawingBackend>(
             .collect();
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
         let c = colour(algo);
+        // NCCL's world may differ from ours (one GPU: NCCL runs a world of one).
+        let label = match rows.iter().find(|r| r.algo == algo) {
+            Some(r) if algo == "nccl" => format!("nccl (world {})", r.world),
+            _ => algo.to_string(),
+        };
         chart
             .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
             .map_err(err)?
-            .label(algo)
+            .label(label)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
         chart
             .draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled())))
