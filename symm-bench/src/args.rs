@@ -75,6 +75,11 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub device: usize,
 
+    /// Redraw latency.png from an earlier run's results.json (no GPU needed) and exit; the
+    /// picture is written next to the JSON file.
+    #[arg(long, value_name = "RESULTS_JSON")]
+    pub replot: Option<PathBuf>,
+
     /// Virtual ranks on --device even when there are enough GPUs for one rank per GPU.
     #[arg(long = "virtual")]
     pub virtual_ranks: bool,
@@ -143,7 +148,7 @@ impl AlgoChoice {
 }
 
 /// How a row is timed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
     /// Plain stream launches, batches of back-to-back rounds.

@@ -84,7 +84,35 @@ fn main() -> ExitCode {
     }
 }
 
+/// `--replot`: the picture from saved rows, without a GPU.
+fn replot(json: &std::path::Path) -> Result<ExitCode, Stop> {
+    #[derive(serde::Deserialize)]
+    struct Saved {
+        meta: serde_json::Value,
+        rows: Vec<Row>,
+    }
+    let text = std::fs::read_to_string(json).map_err(|e| Stop::Usage(format!("{}: {e}", json.display())))?;
+    let saved: Saved =
+        serde_json::from_str(&text).map_err(|e| Stop::Usage(format!("{}: {e}", json.display())))?;
+    let devices = saved.meta["devices"]
+        .as_array()
+        .map(|d| d.iter().filter_map(|v| v.as_str()).collect::<Vec<_>>().join(", "))
+        .unwrap_or_default();
+    let world = saved.rows.iter().map(|r| r.world).max().unwrap_or(0);
+    let title = match saved.meta["placement"].as_str() {
+        Some("virtual") => format!("W={world} virtual ranks on device {devices}"),
+        _ => format!("W={world}, one rank per GPU ({devices})"),
+    };
+    let png = json.with_file_name("latency.png");
+    plot::latency_png(&png, &saved.rows, &title).map_err(|e| Stop::Failed(format!("latency.png: {e}")))?;
+    println!("wrote {}", png.display());
+    Ok(ExitCode::SUCCESS)
+}
+
 fn run(args: &Args) -> Result<ExitCode, Stop> {
+    if let Some(json) = &args.replot {
+        return replot(json);
+    }
     symm_allreduce::validate_world(args.world).map_err(|e| Stop::Usage(e.to_string()))?;
     let mut plan = RunPlan::from_args(args);
     let mut meta = Meta {

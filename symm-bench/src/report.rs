@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::args::Mode;
 
 /// One measured (dtype, mode, algo, size). Columns are documented in `main.rs` and README.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct Row {
     pub dtype: String,
     pub mode: Mode,
