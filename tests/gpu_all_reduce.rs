@@ -368,34 +368,62 @@ fn graph_of_ten_all_reduces_replays_100_times_on_new_inputs() {
         graphs.push(graph);
     }
 
-    // A pool of random data; replay k reads a different window of it on every rank.
-    let mut g = rng(99);
-    let pool: Vec<bf16> = random_input(&mut g, total * 4);
-    for replay in 0..100 {
-        let inputs: Vec<Vec<bf16>> = (0..W)
+    replay_on_fresh_inputs(
+        &comms,
+        &streams,
+        &graphs,
+        &mut d_in,
+        &d_out,
+        100,
+        99,
+        |replay, inputs, outs| {
+            for (i, &(len, algo)) in ops.iter().enumerate() {
+                let range = offsets[i]..offsets[i] + len;
+                let ins: Vec<Vec<bf16>> = inputs.iter().map(|x| x[range.clone()].to_vec()).collect();
+                let os: Vec<Vec<bf16>> = outs.iter().map(|x| x[range.clone()].to_vec()).collect();
+                verify(&ins, &os, &format!("replay {replay} op {i} len {len} {algo}")).unwrap();
+            }
+        },
+    );
+}
+
+/// Replays every rank's graph `replays` times. Before each replay a fresh window of a random
+/// pool is copied into every rank's input buffer (outside the graph); `check` gets the inputs
+/// and every rank's output after the replay.
+#[allow(clippy::too_many_arguments)]
+fn replay_on_fresh_inputs(
+    comms: &[Communicator],
+    streams: &[Arc<CudaStream>],
+    graphs: &[symm_allreduce::cudarc::driver::CudaGraph],
+    d_in: &mut [CudaSlice<bf16>],
+    d_out: &[CudaSlice<bf16>],
+    replays: usize,
+    seed: u64,
+    mut check: impl FnMut(usize, &[Vec<bf16>], &[Vec<bf16>]),
+) {
+    let len = d_in[0].len();
+    let mut g = rng(seed);
+    let pool: Vec<bf16> = random_input(&mut g, len * 4);
+    for replay in 0..replays {
+        let inputs: Vec<Vec<bf16>> = (0..comms.len())
             .map(|r| {
-                let start = (replay * 7919 + r * 104_729) % (pool.len() - total);
-                pool[start..start + total].to_vec()
+                let start = (replay * 7919 + r * 104_729) % (pool.len() - len);
+                pool[start..start + len].to_vec()
             })
             .collect();
-        for r in 0..W {
-            streams[r].memcpy_htod(&inputs[r], &mut d_in[r]).unwrap();
+        for (r, d) in d_in.iter_mut().enumerate() {
+            streams[r].memcpy_htod(&inputs[r], d).unwrap();
         }
-        for graph in &graphs {
+        for graph in graphs {
             graph.launch().unwrap();
         }
-        let outs: Vec<Vec<bf16>> = (0..W)
+        let outs: Vec<Vec<bf16>> = (0..comms.len())
             .map(|r| {
                 comms[r].synchronize(&streams[r]).unwrap();
                 streams[r].clone_dtoh(&d_out[r]).unwrap()
             })
             .collect();
-        for (i, &(len, algo)) in ops.iter().enumerate() {
-            let range = offsets[i]..offsets[i] + len;
-            let ins: Vec<Vec<bf16>> = inputs.iter().map(|x| x[range.clone()].to_vec()).collect();
-            let os: Vec<Vec<bf16>> = outs.iter().map(|x| x[range.clone()].to_vec()).collect();
-            verify(&ins, &os, &format!("replay {replay} op {i} len {len} {algo}")).unwrap();
-        }
+        check(replay, &inputs, &outs);
     }
 }
 
@@ -609,27 +637,16 @@ fn symmetric_in_place_replays_in_a_graph() {
                 .expect("graph")
         })
         .collect();
-    let mut g = rng(8);
-    let pool: Vec<bf16> = random_input(&mut g, len * 3);
-    for replay in 0..50 {
-        let inputs: Vec<Vec<bf16>> = (0..W)
-            .map(|r| {
-                let start = (replay * 7919 + r * 31_337) % (pool.len() - len);
-                pool[start..start + len].to_vec()
-            })
-            .collect();
-        for r in 0..W {
-            streams[r].memcpy_htod(&inputs[r], &mut d_in[r]).unwrap();
-        }
-        for graph in &graphs {
-            graph.launch().unwrap();
-        }
-        let outs: Vec<Vec<bf16>> = (0..W)
-            .map(|r| {
-                comms[r].synchronize(&streams[r]).unwrap();
-                streams[r].clone_dtoh(&d_out[r]).unwrap()
-            })
-            .collect();
-        verify(&inputs, &outs, &format!("symmetric graph replay {replay}")).unwrap();
-    }
+    replay_on_fresh_inputs(
+        &comms,
+        &streams,
+        &graphs,
+        &mut d_in,
+        &d_out,
+        50,
+        8,
+        |replay, inputs, outs| {
+            verify(inputs, outs, &format!("symmetric graph replay {replay}")).unwrap();
+        },
+    );
 }
