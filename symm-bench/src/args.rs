@@ -12,10 +12,16 @@ const MIB: usize = 1 << 20;
 pub const ONE_SHOT_SWEEP_MAX: usize = 64 * MIB;
 
 const AFTER_HELP: &str = "\
-Placement: all ranks run in this one process. With one GPU (or --virtual, or fewer GPUs than
---world) the W ranks are virtual ranks on --device, each with its own stream, driven from one
-host thread. With at least --world GPUs there is one rank per GPU (devices 0..W-1). A
-multi-process mode (one process per GPU, as in production) is not implemented yet.
+Placement (--launcher threads, the default): all ranks run in this one process. With one GPU
+(or --virtual, or fewer GPUs than --world) the W ranks are virtual ranks on --device, each
+with its own stream, driven from one host thread. With at least --world GPUs there is one rank
+per GPU (devices 0..W-1).
+
+--launcher processes: one process per rank, as in production. This program re-executes itself
+once per rank; rank r runs on device r mod the GPU count and the ranks meet through a socket
+store. With at least --world GPUs NCCL is measured in the same run; with fewer it is skipped
+(NCCL refuses two ranks on one device), and several processes on one GPU are time-sliced
+(~2 ms per barrier without MPS): that checks the path, it is not a timing.
 
 Every mode also times the same launch structure with the body-less kernel (`empty` column):
 on one GPU the launch cost of all W ranks is paid serially, and `time - empty` cancels it.
@@ -83,6 +89,28 @@ pub struct Args {
     /// Virtual ranks on --device even when there are enough GPUs for one rank per GPU.
     #[arg(long = "virtual")]
     pub virtual_ranks: bool,
+
+    /// How the ranks run: `threads` (all ranks in this process) or `processes` (this program
+    /// re-executes itself once per rank, rank r on device r mod the GPU count).
+    #[arg(long, value_enum, default_value = "threads")]
+    pub launcher: Launcher,
+
+    /// With --launcher processes: the ranks still running after this many seconds are
+    /// killed (and 60 s after one rank failed, if the others do not stop by themselves).
+    #[arg(long = "timeout", value_name = "SECS", default_value_t = 3600,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout_secs: u64,
+}
+
+/// `--launcher`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Launcher {
+    /// Every rank in this process.
+    #[value(name = "threads")]
+    Threads,
+    /// One process per rank.
+    #[value(name = "processes")]
+    Processes,
 }
 
 /// `--sizes`.
@@ -438,6 +466,14 @@ mod tests {
         assert_eq!(quick.sizes, quick_sizes());
         assert_eq!(quick.rounds(Mode::GraphIsolated), 100);
 
+        assert_eq!(quick.sizes.len(), 5);
+        let args = Args::try_parse_from(["symm-bench"]).unwrap();
+        assert_eq!((args.launcher, args.timeout_secs), (Launcher::Threads, 3600));
+        let args =
+            Args::try_parse_from(["symm-bench", "--launcher", "processes", "--timeout", "90"]).unwrap();
+        assert_eq!((args.launcher, args.timeout_secs), (Launcher::Processes, 90));
+        assert!(Args::try_parse_from(["symm-bench", "--launcher", "mpi"]).is_err());
+        assert!(Args::try_parse_from(["symm-bench", "--timeout", "0"]).is_err());
         assert!(Args::try_parse_from(["symm-bench", "--algos", "ring"]).is_err());
         assert!(Args::try_parse_from(["symm-bench", "--dtype", "f64"]).is_err());
         assert!(Args::try_parse_from(["symm-bench", "--iters", "0"]).is_err());

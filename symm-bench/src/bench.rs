@@ -38,6 +38,9 @@ pub enum BenchError {
     /// A timing run produced no sample.
     #[error("no timing samples")]
     NoSamples,
+    /// A rank of another process sent something malformed or failed (`--launcher processes`).
+    #[error("{0}")]
+    Ranks(String),
 }
 
 /// Where the ranks run.
@@ -131,10 +134,10 @@ pub fn d2d_copy_gbs(stream: &Arc<CudaStream>) -> Result<f64, BenchError> {
 }
 
 /// Timings of one launch structure.
-struct Measured {
-    stats: Stats,
-    samples: usize,
-    host_us: f64,
+pub(crate) struct Measured {
+    pub stats: Stats,
+    pub samples: usize,
+    pub host_us: f64,
 }
 
 /// Captures `ops` calls of `round` (which enqueues on every stream) into one graph per
@@ -187,7 +190,7 @@ fn capture(
 }
 
 /// Times `round` (one all-reduce, or one empty kernel, per rank) in `mode`.
-fn measure(
+pub(crate) fn measure(
     timer: &mut Timer,
     streams: &[Arc<CudaStream>],
     mode: Mode,

@@ -67,13 +67,14 @@ fn splitmix64(x: u64) -> u64 {
 /// shows.
 pub fn random_input<T: BenchElem>(len: usize, seed: u64) -> Vec<T> {
     let base = splitmix64(seed);
-    (0..len as u64)
-        .map(|i| {
-            let bits = splitmix64(base ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-            let magnitude = 0.5 + (bits >> 40) as f32 / (1u64 << 24) as f32;
-            T::from_f32(if bits & 1 == 0 { magnitude } else { -magnitude })
-        })
-        .collect()
+    (0..len as u64).map(|i| random_value(base, i)).collect()
+}
+
+/// Element `i` of `random_input(_, seed)`, given `base = splitmix64(seed)`.
+fn random_value<T: BenchElem>(base: u64, i: u64) -> T {
+    let bits = splitmix64(base ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let magnitude = 0.5 + (bits >> 40) as f32 / (1u64 << 24) as f32;
+    T::from_f32(if bits & 1 == 0 { magnitude } else { -magnitude })
 }
 
 /// The indices that are checked.
@@ -123,6 +124,17 @@ impl Expected {
         }
     }
 
+    /// Adds the input `random_input::<T>(_, seed)` of a rank in another process, computing
+    /// only the checked elements.
+    pub fn add_seeded<T: BenchElem>(&mut self, seed: u64) {
+        let base = splitmix64(seed);
+        for (k, &i) in self.indices.iter().enumerate() {
+            let x = random_value::<T>(base, i as u64).to_f64();
+            self.sum[k] += x;
+            self.abs_sum[k] += x.abs();
+        }
+    }
+
     /// Compares an output; `Err` describes the first mismatch and how many there were.
     pub fn check<T: BenchElem>(&self, output: &[T]) -> Result<(), String> {
         let mut bad = 0usize;
@@ -163,6 +175,19 @@ mod tests {
         let mean = f.iter().map(|x| f64::from(x.abs())).sum::<f64>() / f.len() as f64;
         assert!((mean - 1.0).abs() < 0.01, "mean magnitude {mean}");
         assert_ne!(seed(2000, DType::BF16, 0), seed(2000, DType::F32, 0));
+    }
+
+    #[test]
+    fn seeded_expectation_matches_the_inputs() {
+        let len = 100_000;
+        let (mut from_inputs, mut from_seeds) = (Expected::new(len), Expected::new(len));
+        for r in 0..3 {
+            let s = seed(len * 2, DType::BF16, r);
+            from_inputs.add(&random_input::<half::bf16>(len, s));
+            from_seeds.add_seeded::<half::bf16>(s);
+        }
+        assert_eq!(from_inputs.sum, from_seeds.sum);
+        assert_eq!(from_inputs.abs_sum, from_seeds.abs_sum);
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //!
 //! For every (dtype, size, algorithm, mode) it prints a table row to stdout and writes the
 //! same rows to `results.csv` and `results.json` in `--out`, and draws `latency.png`.
-//! Progress goes to stderr. Without a GPU it prints `symm-bench: no GPU: <error>` and exits
+//! Progress goes to stderr. `--launcher processes` runs one process per rank (see `procs.rs`).
+//! Without a GPU it prints `symm-bench: no GPU: <error>` and exits
 //! with code 2; a verification failure or an NCCL error exits with 1 after all rows ran.
 //!
 //! # Columns (results.csv, results.json `rows`)
@@ -14,7 +15,7 @@
 //! | `mode` | `eager`, `graph_amortised` (10 all-reduces per graph, time per all-reduce), `graph_isolated` (one per graph, each replay timed) |
 //! | `algo` | what was asked: `one_shot`, `two_shot`, `auto`, `nccl` |
 //! | `kernel` | what ran (`auto` resolves to `one_shot` or `two_shot`; `nccl`) |
-//! | `placement` | `virtual` (all ranks on one GPU) or `per_gpu` |
+//! | `placement` | `virtual` (all ranks on one GPU), `per_gpu`, or `processes` (`--launcher processes`) |
 //! | `world` | ranks in this row (NCCL on one GPU runs with world 1) |
 //! | `blocks` | blocks per rank of the library's grid (empty for NCCL) |
 //! | `size_bytes` | message size per rank in bytes (the asked size rounded down to whole elements) |
@@ -42,6 +43,7 @@ mod bench;
 mod data;
 mod nccl;
 mod plot;
+mod procs;
 mod report;
 mod timing;
 
@@ -51,7 +53,7 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use symm_allreduce::DType;
 
-use crate::args::{format_size, AlgoChoice, Args, RunPlan, ONE_SHOT_SWEEP_MAX};
+use crate::args::{format_size, AlgoChoice, Args, Launcher, RunPlan, ONE_SHOT_SWEEP_MAX};
 use crate::bench::{Bench, BenchError, Placement};
 use crate::report::{Meta, Row};
 
@@ -101,6 +103,7 @@ fn replot(json: &std::path::Path) -> Result<ExitCode, Stop> {
     let world = saved.rows.iter().map(|r| r.world).max().unwrap_or(0);
     let title = match saved.meta["placement"].as_str() {
         Some("virtual") => format!("W={world} virtual ranks on device {devices}"),
+        Some("processes") => format!("W={world} processes ({devices})"),
         _ => format!("W={world}, one rank per GPU ({devices})"),
     };
     let png = json.with_file_name("latency.png");
@@ -114,6 +117,9 @@ fn run(args: &Args) -> Result<ExitCode, Stop> {
         return replot(json);
     }
     symm_allreduce::validate_world(args.world).map_err(|e| Stop::Usage(e.to_string()))?;
+    if args.launcher == Launcher::Processes {
+        return procs::run(args);
+    }
     let mut plan = RunPlan::from_args(args);
     let mut meta = Meta {
         tool: format!("symm-bench {}", env!("CARGO_PKG_VERSION")),
@@ -241,9 +247,22 @@ fn run(args: &Args) -> Result<ExitCode, Stop> {
             args.out.display()
         )));
     }
+    Ok(finish(args, &mut meta, &rows, &failures, &title, &pb))
+}
+
+/// The end of a run that went through: picture, files, target proxies, notes; exit code 1
+/// when a row failed.
+fn finish(
+    args: &Args,
+    meta: &mut Meta,
+    rows: &[Row],
+    failures: &[String],
+    title: &str,
+    pb: &ProgressBar,
+) -> ExitCode {
     if !rows.is_empty() {
         let png = args.out.join("latency.png");
-        if let Err(e) = plot::latency_png(&png, &rows, &title) {
+        if let Err(e) = plot::latency_png(&png, rows, title) {
             meta.notes.push(format!("latency.png not drawn: {e}"));
         }
     }
@@ -253,8 +272,8 @@ fn run(args: &Args) -> Result<ExitCode, Stop> {
             timing::gate_timeouts()
         ));
     }
-    save(args, &mut meta, &rows, &failures, &pb);
-    for line in report::summary(&rows, meta.d2d_copy_gbs) {
+    save(args, meta, rows, failures, pb);
+    for line in report::summary(rows, meta.d2d_copy_gbs) {
         println!("{line}");
     }
     for note in &meta.notes {
@@ -262,13 +281,13 @@ fn run(args: &Args) -> Result<ExitCode, Stop> {
     }
     println!("# results: {}", args.out.display());
     if failures.is_empty() {
-        Ok(ExitCode::SUCCESS)
+        ExitCode::SUCCESS
     } else {
         eprintln!("symm-bench: {} row(s) failed:", failures.len());
-        for f in &failures {
+        for f in failures {
             eprintln!("  {f}");
         }
-        Ok(ExitCode::from(1))
+        ExitCode::from(1)
     }
 }
 

@@ -38,7 +38,7 @@ impl Baseline {
 }
 
 /// Whether cudarc can load libnccl; if not, why (and the fix when only libnccl.so.2 exists).
-fn library() -> Result<(), String> {
+pub(crate) fn library() -> Result<(), String> {
     // SAFETY: loading libnccl runs its initialisers, which have no preconditions; cudarc
     // drops the handle again.
     if unsafe { nccl::sys::is_culib_present() } {
