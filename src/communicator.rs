@@ -458,28 +458,12 @@ impl Communicator {
         self.check_usable()?;
         let len = buffer.len();
         let device = buffer.stream().context().ordinal();
-        let shape = CallShape {
-            dtype: T::DTYPE,
-            input_len: len,
-            output_len: len,
-            input_addr: 0,
-            output_addr: 0,
-            input_device: device,
-            output_device: device,
-            stream_device: stream.context().ordinal(),
-        };
-        plan::validate_lengths(&shape)?;
+        let stream_device = stream.context().ordinal();
+        plan::validate_lengths(&CallShape::in_place(T::DTYPE, len, 0, device, stream_device))?;
         let path = self.path(len, T::DTYPE, algorithm)?;
         let (ptr, _write) = buffer.device_ptr_mut(stream);
-        self.run(
-            CallShape {
-                input_addr: ptr,
-                output_addr: ptr,
-                ..shape
-            },
-            &path,
-            stream,
-        )
+        let shape = CallShape::in_place(T::DTYPE, len, ptr, device, stream_device);
+        self.run(shape, &path, stream)
     }
 
     /// Device address of this rank's symmetric buffer: [`Layout::data_bytes`] bytes (at least
@@ -506,16 +490,7 @@ impl Communicator {
         self.check_usable()?;
         let ptr = self.symmetric_buffer();
         plan::validate_call(
-            &CallShape {
-                dtype: T::DTYPE,
-                input_len: len,
-                output_len: len,
-                input_addr: ptr,
-                output_addr: ptr,
-                input_device: self.device(),
-                output_device: self.device(),
-                stream_device: stream.context().ordinal(),
-            },
+            &CallShape::in_place(T::DTYPE, len, ptr, self.device(), stream.context().ordinal()),
             self.device(),
             self.config.capacity_bytes,
         )?;
@@ -558,16 +533,7 @@ impl Communicator {
     /// Lengths and devices as for a call, against the symmetric buffer's size (copies need
     /// no alignment).
     fn check_symmetric_copy<T: Element>(&self, len: usize, device: usize, stream: &CudaStream) -> Result<()> {
-        let shape = CallShape {
-            dtype: T::DTYPE,
-            input_len: len,
-            output_len: len,
-            input_addr: 0,
-            output_addr: 0,
-            input_device: device,
-            output_device: device,
-            stream_device: stream.context().ordinal(),
-        };
+        let shape = CallShape::in_place(T::DTYPE, len, 0, device, stream.context().ordinal());
         plan::validate_call(&shape, self.device(), self.layout.data_bytes)
     }
 

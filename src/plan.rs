@@ -287,6 +287,22 @@ pub struct CallShape {
     pub stream_device: usize,
 }
 
+impl CallShape {
+    /// One buffer of `len` elements at `addr` on `device`, used as input and output.
+    pub fn in_place(dtype: DType, len: usize, addr: u64, device: usize, stream_device: usize) -> CallShape {
+        CallShape {
+            dtype,
+            input_len: len,
+            output_len: len,
+            input_addr: addr,
+            output_addr: addr,
+            input_device: device,
+            output_device: device,
+            stream_device,
+        }
+    }
+}
+
 /// Checks one call against the communicator's device and capacity. Nothing is launched
 /// unless this passes.
 pub fn validate_call(shape: &CallShape, rank_device: usize, capacity_bytes: usize) -> Result<()> {
