@@ -9,7 +9,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{check_against_f64, check_bits, emulate, gpu, group, random_input, rng, TestElem};
+use common::{
+    check_against_f64, check_bits, collect_outputs, emulate, gpu, group, random_input, rng, TestElem,
+};
 use half::{bf16, f16};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PropConfig, TestRunner};
@@ -245,12 +247,7 @@ fn in_place_all_reduce_matches_out_of_place() {
                 .all_reduce_in_place(&mut bufs[r], &streams[r], algo)
                 .unwrap();
         }
-        let outs: Vec<Vec<f16>> = (0..4)
-            .map(|r| {
-                comms[r].synchronize(&streams[r]).unwrap();
-                streams[r].clone_dtoh(&bufs[r]).unwrap()
-            })
-            .collect();
+        let outs: Vec<Vec<f16>> = collect_outputs(&comms, &streams, &bufs);
         verify(&inputs, &outs, &format!("in place len {len}")).unwrap();
     }
 }
@@ -290,12 +287,7 @@ fn back_to_back(world: usize, seed: u64) {
                 .unwrap();
         }
     }
-    let outs: Vec<Vec<bf16>> = (0..world)
-        .map(|r| {
-            comms[r].synchronize(&streams[r]).unwrap();
-            streams[r].clone_dtoh(&d_out[r]).unwrap()
-        })
-        .collect();
+    let outs: Vec<Vec<bf16>> = collect_outputs(&comms, &streams, &d_out);
     for c in 0..CALLS {
         let range = c * SLOT..c * SLOT + lens[c];
         let ins: Vec<Vec<bf16>> = inputs.iter().map(|x| x[range.clone()].to_vec()).collect();
@@ -417,12 +409,7 @@ fn replay_on_fresh_inputs(
         for graph in graphs {
             graph.launch().unwrap();
         }
-        let outs: Vec<Vec<bf16>> = (0..comms.len())
-            .map(|r| {
-                comms[r].synchronize(&streams[r]).unwrap();
-                streams[r].clone_dtoh(&d_out[r]).unwrap()
-            })
-            .collect();
+        let outs: Vec<Vec<bf16>> = collect_outputs(comms, streams, d_out);
         check(replay, &inputs, &outs);
     }
 }
@@ -577,12 +564,7 @@ fn symmetric_rounds<T: TestElem>(
                 .unwrap();
         }
     }
-    let outs: Vec<Vec<T>> = (0..world)
-        .map(|r| {
-            comms[r].synchronize(&streams[r]).unwrap();
-            streams[r].clone_dtoh(&d_out[r]).unwrap()
-        })
-        .collect();
+    let outs: Vec<Vec<T>> = collect_outputs(&comms, &streams, &d_out);
     for (c, &len) in lens.iter().enumerate() {
         let range = c * slot..c * slot + len;
         let ins: Vec<Vec<T>> = inputs.iter().map(|x| x[range.clone()].to_vec()).collect();

@@ -49,6 +49,23 @@ pub fn group(
     (comms, streams)
 }
 
+/// Waits for every rank (reporting a peer timeout as a panic) and downloads its buffer.
+pub fn collect_outputs<T: TestElem>(
+    comms: &[Communicator],
+    streams: &[Arc<CudaStream>],
+    buffers: &[symm_allreduce::cudarc::driver::CudaSlice<T>],
+) -> Vec<Vec<T>> {
+    comms
+        .iter()
+        .zip(streams)
+        .zip(buffers)
+        .map(|((c, s), b)| {
+            c.synchronize(s).unwrap();
+            s.clone_dtoh(b).unwrap()
+        })
+        .collect()
+}
+
 /// Element conversions for the references.
 pub trait TestElem: Element + Copy + PartialEq + std::fmt::Debug {
     fn from_f32(x: f32) -> Self;
