@@ -176,10 +176,13 @@ impl AlgoChoice {
 }
 
 /// How a row is timed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, ValueEnum, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
     /// Plain stream launches, batches of back-to-back rounds.
+    #[default]
     #[value(name = "eager")]
     Eager,
     /// One CUDA graph of 10 all-reduces per rank; time per all-reduce.

@@ -499,13 +499,9 @@ impl Bench {
                     p90_us: m.stats.p90,
                     samples: m.samples,
                     empty_us: Some(e.stats.median),
-                    over_empty_us: None,
                     host_us: m.host_us,
                     empty_host_us: Some(e.host_us),
-                    algbw_gbs: 0.0,
-                    busbw_gbs: 0.0,
-                    hbm_gbs: 0.0,
-                    vs_nccl: None,
+                    ..Row::default()
                 }
                 .with_derived(),
             );
@@ -566,14 +562,8 @@ impl Bench {
                         p10_us: m.stats.p10,
                         p90_us: m.stats.p90,
                         samples: m.samples,
-                        empty_us: None,
-                        over_empty_us: None,
                         host_us: m.host_us,
-                        empty_host_us: None,
-                        algbw_gbs: 0.0,
-                        busbw_gbs: 0.0,
-                        hbm_gbs: 0.0,
-                        vs_nccl: None,
+                        ..Row::default()
                     }
                     .with_derived(),
                 );

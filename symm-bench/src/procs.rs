@@ -935,13 +935,9 @@ impl RankBench {
                     p90_us: t.p90,
                     samples: t.samples,
                     empty_us: t.empty_us,
-                    over_empty_us: None,
                     host_us: t.host_us,
                     empty_host_us: t.empty_host_us,
-                    algbw_gbs: 0.0,
-                    busbw_gbs: 0.0,
-                    hbm_gbs: 0.0,
-                    vs_nccl: None,
+                    ..Row::default()
                 }
                 .with_derived(),
             );

@@ -9,7 +9,9 @@ use serde::Serialize;
 use crate::args::Mode;
 
 /// One measured (dtype, mode, algo, size). Columns are documented in `main.rs` and README.
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+/// Built with the measured fields and `..Row::default()`, then [`Row::with_derived`] fills
+/// the rest.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
 pub struct Row {
     pub dtype: String,
     pub mode: Mode,
@@ -299,13 +301,9 @@ pub(crate) mod tests {
             p90_us: time_us * 1.1,
             samples: 200,
             empty_us: (algo != "nccl").then_some(3.0),
-            over_empty_us: None,
             host_us: 2.5,
             empty_host_us: None,
-            algbw_gbs: 0.0,
-            busbw_gbs: 0.0,
-            hbm_gbs: 0.0,
-            vs_nccl: None,
+            ..Row::default()
         }
         .with_derived()
     }
