@@ -534,6 +534,18 @@ fn socket_store_across_processes_gathers_bytes_and_passes_descriptors() {
     assert_all_passed("socket store, 3 processes", &finished);
 }
 
+/// Rank `die_rank` must have died (non-zero exit or signal); every other rank must report OK.
+fn assert_survivors_passed(finished: Vec<Finished>, die_rank: usize, what: &str) {
+    let dead = finished.iter().find(|f| f.rank == die_rank).expect("dead rank");
+    assert!(
+        dead.status.is_some_and(|s| !s.success()),
+        "{what}: rank {die_rank} should have died:\n{}",
+        dead.log
+    );
+    let alive: Vec<Finished> = finished.into_iter().filter(|f| f.rank != die_rank).collect();
+    assert_all_passed(what, &alive);
+}
+
 #[test]
 fn a_store_rank_killed_mid_exchange_is_an_error_for_the_others_at_once() {
     for die_rank in [2usize, 0] {
@@ -542,14 +554,7 @@ fn a_store_rank_killed_mid_exchange_is_an_error_for_the_others_at_once() {
             launch("store_dies", 3, &[(DIE_RANK_ENV, die_rank.to_string())]),
             Duration::from_secs(60),
         );
-        let dead = finished.iter().find(|f| f.rank == die_rank).expect("dead rank");
-        assert!(
-            dead.status.is_some_and(|s| !s.success()),
-            "rank {die_rank} should have been killed:\n{}",
-            dead.log
-        );
-        let alive: Vec<Finished> = finished.into_iter().filter(|f| f.rank != die_rank).collect();
-        assert_all_passed(&format!("store, rank {die_rank} killed"), &alive);
+        assert_survivors_passed(finished, die_rank, &format!("store, rank {die_rank} killed"));
         assert!(
             started.elapsed() < Duration::from_secs(20),
             "took {:?}",
@@ -596,14 +601,7 @@ fn a_rank_killed_during_setup_makes_the_others_fail_fast_without_leaks() {
             ),
             Duration::from_secs(90),
         );
-        let dead = finished.iter().find(|f| f.rank == die_rank).expect("dead rank");
-        assert!(
-            dead.status.is_some_and(|s| !s.success()),
-            "rank {die_rank} should have been killed {when}:\n{}",
-            dead.log
-        );
-        let alive: Vec<Finished> = finished.into_iter().filter(|f| f.rank != die_rank).collect();
-        assert_all_passed(&format!("rank {die_rank} killed {when}"), &alive);
+        assert_survivors_passed(finished, die_rank, &format!("rank {die_rank} killed {when}"));
     }
 }
 
