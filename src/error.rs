@@ -200,6 +200,26 @@ pub enum Error {
         reason: String,
     },
 
+    /// A socket-store address without a launch secret (or with a malformed one).
+    #[error(
+        "the socket store address {address} {problem}: create it on the launcher with StoreAddress::unique \
+         (or StoreAddress::with_secret) and pass its full text, `#secret` included, to every rank"
+    )]
+    MissingSecret {
+        /// The address, secret hidden.
+        address: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+
+    /// A bootstrap peer was refused: another user, a wrong launch secret, or a listener that is
+    /// not this job's.
+    #[error("bootstrap peer refused: {reason}")]
+    PeerRefused {
+        /// Why, and what to do about it.
+        reason: String,
+    },
+
     /// The bootstrap channel could not be set up here (socket, address, or OS error).
     #[error("bootstrap failed on this rank: {reason}")]
     Bootstrap {

@@ -39,8 +39,11 @@ mod plan;
 mod symmetric;
 mod topology;
 
+#[doc(hidden)]
+pub use bootstrap::{nccl::exchange_fds_over_abstract_sockets as __exchange_fds, wire as __wire};
 pub use bootstrap::{
-    nccl_library, Bootstrap, LocalHub, NcclBootstrap, NcclLibraryInfo, SocketStore, StoreAddress,
+    nccl_library, nccl_teardown_failures, Bootstrap, LocalHub, NcclBootstrap, NcclLibraryInfo, PeerCheck,
+    PeerCredentials, SocketStore, StoreAddress, StoreOptions,
 };
 pub use communicator::{Communicator, LOG_ENV};
 pub use driver::probe::{context, device_count};

@@ -11,12 +11,15 @@
 mod local;
 pub(crate) mod nccl;
 pub(crate) mod socket;
+#[doc(hidden)]
+pub mod wire;
 
 use std::os::fd::{BorrowedFd, OwnedFd};
 
 pub use local::LocalHub;
-pub use nccl::{nccl_library, NcclBootstrap, NcclLibraryInfo};
+pub use nccl::{nccl_library, nccl_teardown_failures, NcclBootstrap, NcclLibraryInfo};
 pub use socket::{SocketStore, StoreAddress};
+pub use wire::{PeerCheck, PeerCredentials, StoreOptions};
 
 use crate::error::{Error, Result};
 

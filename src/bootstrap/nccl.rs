@@ -27,7 +27,8 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use cudarc::nccl::{sys, Comm, NcclType, ReduceOp};
 
-use super::socket::{hex, random_token, recv_frame_with_fds, send_frame_with_fds, Kind};
+use super::socket::{random_token, send_frame_with_fds, Kind};
+use super::wire::{self, decode_announce, decode_offer, encode_announce, encode_offer, StoreOptions};
 use super::{vote, Bootstrap};
 use crate::dtype::DType;
 use crate::error::{CudaResultExt, Error, Result};
@@ -299,8 +300,11 @@ impl RawComm {
 impl Drop for RawComm {
     fn drop(&mut self) {
         // SAFETY: a live communicator created by ncclCommInitRank, aborted exactly once. Abort
-        // (not destroy) never waits for peers. A failure cannot be reported from Drop.
-        unsafe { (self.library.comm_abort)(self.comm) };
+        // (not destroy) never waits for peers.
+        let code = unsafe { (self.library.comm_abort)(self.comm) };
+        if let Err(e) = self.library.check(code, "ncclCommAbort") {
+            record_teardown_failure(e.to_string());
+        }
     }
 }
 
@@ -333,12 +337,44 @@ impl OwnedNcclComm {
 
 impl Drop for OwnedNcclComm {
     fn drop(&mut self) {
-        if let Some(comm) = self.0.take() {
-            // cudarc's Drop calls ncclCommAbort with `expect`; never let that unwind out of
-            // ours (under panic=abort this cannot help, but abort does not fail in practice).
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(comm)));
+        let Some(comm) = self.0.take() else { return };
+        // cudarc's Drop calls ncclCommAbort and panics (`expect`) if it fails, and its raw
+        // handle is private, so this crate cannot call abort itself. With unwinding, the drop
+        // runs inside catch_unwind and a failure is recorded instead of propagating. Under
+        // panic=abort a panic would abort the process, so the communicator is leaked instead
+        // (its resources go with the process) and the leak is recorded.
+        #[cfg(panic = "unwind")]
+        {
+            let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(comm)));
+            if caught.is_err() {
+                record_teardown_failure("ncclCommAbort failed while dropping the caller's communicator");
+            }
+        }
+        #[cfg(not(panic = "unwind"))]
+        {
+            std::mem::forget(comm);
+            record_teardown_failure("the caller's communicator was leaked, not aborted (panic=abort build)");
         }
     }
+}
+
+static TEARDOWN_FAILURES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Records a failed NCCL teardown (never panics; a poisoned lock still records).
+fn record_teardown_failure(what: impl Into<String>) {
+    let mut log = TEARDOWN_FAILURES.lock().unwrap_or_else(|p| p.into_inner());
+    if log.len() < 64 {
+        log.push(what.into());
+    }
+}
+
+/// NCCL teardown failures this process recorded (communicator aborts that failed or were
+/// skipped), oldest first, at most 64.
+pub fn nccl_teardown_failures() -> Vec<String> {
+    TEARDOWN_FAILURES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
 }
 
 /// A device range known only by its address, for cudarc's NCCL API (which takes
@@ -657,7 +693,7 @@ impl Bootstrap for NcclBootstrap<'_> {
     }
 
     fn all_gather_fds(&self, fd: BorrowedFd<'_>) -> Result<Vec<OwnedFd>> {
-        gather_fds_over_abstract_sockets(self, fd, self.timeout)
+        gather_fds_over_abstract_sockets(self, fd, self.timeout, &StoreOptions::default())
     }
 }
 
@@ -666,10 +702,15 @@ impl Bootstrap for NcclBootstrap<'_> {
 /// `bootstrap.all_gather`, every rank connects to every peer and sends its descriptor with
 /// `SCM_RIGHTS`, then collects the peers' from its own socket. Both halves end in a vote, so
 /// every rank returns the same verdict. The sockets are closed when this returns.
+///
+/// Every accepted connection and every connected listener passes `options.check_peer` (same
+/// user by default) before anything is read from or sent to it; a descriptor is only sent to
+/// a listener that passed, and is only taken from a sender that proved the receiver's token.
 pub(crate) fn gather_fds_over_abstract_sockets(
     bootstrap: &dyn Bootstrap,
     fd: BorrowedFd<'_>,
     timeout: Duration,
+    options: &StoreOptions,
 ) -> Result<Vec<OwnedFd>> {
     let (rank, world) = (bootstrap.rank(), bootstrap.world());
     let own = fd.try_clone_to_owned().map_err(|e| Error::Bootstrap {
@@ -679,13 +720,19 @@ pub(crate) fn gather_fds_over_abstract_sockets(
         return Ok(vec![own]);
     }
     let deadline = Instant::now() + timeout;
-    let token = random_token();
-    let name = format!("symm-allreduce.{}.{}", std::process::id(), hex(&token));
+    let token = wire::random_secret().map_err(|e| Error::Bootstrap {
+        reason: format!("no random token for the descriptor exchange: {e}"),
+    })?;
+    let name = format!(
+        "symm-allreduce.{}.{}",
+        std::process::id(),
+        hex::encode(random_token())
+    );
     let listener = SocketAddr::from_abstract_name(name.as_bytes())
         .and_then(|a| UnixListener::bind_addr(&a))
         .and_then(|l| l.set_nonblocking(true).map(|()| l));
     let announce = match &listener {
-        Ok(_) => [&[1u8][..], &token, name.as_bytes()].concat(),
+        Ok(_) => encode_announce(&token, &name),
         Err(e) => [
             &[0u8][..],
             format!("cannot listen on abstract socket @{name}: {e}").as_bytes(),
@@ -695,17 +742,14 @@ pub(crate) fn gather_fds_over_abstract_sockets(
     let announced = bootstrap.all_gather(&announce)?;
     let mut peers: Vec<([u8; 16], String)> = Vec::with_capacity(world);
     for (q, a) in announced.iter().enumerate() {
-        match a.first() {
-            Some(1) if a.len() > 17 => peers.push((
-                a[1..17].try_into().expect("16 bytes"),
-                String::from_utf8_lossy(&a[17..]).into_owned(),
-            )),
-            _ => {
+        match decode_announce(a) {
+            Ok((token, name)) => peers.push((token, name.to_string())),
+            Err(why) => {
                 // Every rank sees the same announcements: all fail here together.
                 return Err(Error::PeerSetupFailed {
                     step: "descriptor exchange",
                     rank: q,
-                    reason: String::from_utf8_lossy(a.get(1..).unwrap_or_default()).into_owned(),
+                    reason: why.unwrap_or_else(|e| e.to_string()),
                 });
             }
         }
@@ -724,8 +768,11 @@ pub(crate) fn gather_fds_over_abstract_sockets(
                 continue;
             }
             let stream = UnixStream::connect_addr(&SocketAddr::from_abstract_name(their_name.as_bytes())?)?;
-            let mut payload = (rank as u32).to_le_bytes().to_vec();
-            payload.extend_from_slice(their_token);
+            // The descriptor goes only to a listener of an admitted user.
+            wire::admit(&stream, options).map_err(|why| {
+                std::io::Error::other(format!("the listener of rank {q} is not admitted: {why}"))
+            })?;
+            let payload = encode_offer(rank, their_token);
             send_frame_with_fds(&stream, Kind::Fd, rank as u64, &payload, &[own.as_fd()], deadline)?;
         }
         Ok(())
@@ -760,19 +807,25 @@ pub(crate) fn gather_fds_over_abstract_sockets(
                     })
                 }
             };
-            // Anything that is not a peer's well-formed message with our token is not
-            // ours: ignore it.
+            // Another user's connection is dropped before a byte is read. Anything that is
+            // not a peer's well-formed message with our token is not ours: ignore it (any
+            // descriptor it carried is closed with it).
+            if wire::admit(&stream, options).is_err() {
+                continue;
+            }
             let Ok((header, payload, mut got)) = stream
                 .set_nonblocking(false)
-                .and_then(|()| recv_frame_with_fds(&stream, deadline, 1))
+                .and_then(|()| super::socket::read_frame_bounded(&stream, deadline, wire::OFFER_BYTES, 1))
             else {
                 continue;
             };
-            if header.kind != Kind::Fd || payload.len() != 20 || payload[4..] != token || got.len() != 1 {
+            if header.kind != Kind::Fd || wire::check_descriptors(Kind::Fd, world, got.len()).is_err() {
                 continue;
             }
-            let q = u32::from_le_bytes(payload[..4].try_into().expect("4 bytes")) as usize;
-            if q >= world || q == rank || fds[q].is_some() {
+            let Ok(q) = decode_offer(&payload, &token, rank, world) else {
+                continue;
+            };
+            if fds[q].is_some() {
                 continue;
             }
             fds[q] = Some(got.remove(0));
@@ -790,6 +843,17 @@ pub(crate) fn gather_fds_over_abstract_sockets(
             })
         })
         .collect()
+}
+
+/// The NCCL path's descriptor exchange over any byte bootstrap, for the security tests.
+#[doc(hidden)]
+pub fn exchange_fds_over_abstract_sockets(
+    bootstrap: &dyn Bootstrap,
+    fd: BorrowedFd<'_>,
+    timeout: Duration,
+    options: &StoreOptions,
+) -> Result<Vec<OwnedFd>> {
+    gather_fds_over_abstract_sockets(bootstrap, fd, timeout, options)
 }
 
 #[cfg(test)]
@@ -843,7 +907,7 @@ mod tests {
     #[test]
     fn descriptors_travel_over_abstract_sockets_named_through_the_bootstrap() {
         use std::os::unix::fs::FileExt;
-        let dir = std::env::temp_dir().join(format!("symm-abstract-{}", hex(&random_token())));
+        let dir = std::env::temp_dir().join(format!("symm-abstract-{}", hex::encode(random_token())));
         std::fs::create_dir_all(&dir).unwrap();
         let world = 4;
         let hub = crate::LocalHub::new(world, Duration::from_secs(10));
@@ -856,9 +920,13 @@ mod tests {
                     std::fs::write(&path, format!("from rank {r}")).unwrap();
                     let file = std::fs::File::open(&path).unwrap();
                     for _ in 0..3 {
-                        let fds =
-                            gather_fds_over_abstract_sockets(&hub, file.as_fd(), Duration::from_secs(10))
-                                .unwrap();
+                        let fds = gather_fds_over_abstract_sockets(
+                            &hub,
+                            file.as_fd(),
+                            Duration::from_secs(10),
+                            &StoreOptions::default(),
+                        )
+                        .unwrap();
                         assert_eq!(fds.len(), world);
                         for (q, fd) in fds.into_iter().enumerate() {
                             let mut buf = [0u8; 32];

@@ -11,9 +11,7 @@
 //! why the group failed (an abort frame) before it returns its own error.
 
 use std::cell::{Cell, RefCell};
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
-use std::io::{self, IoSlice, IoSliceMut, Read};
+use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
@@ -26,6 +24,12 @@ use rustix::net::{
     SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
 };
 
+pub(crate) use super::wire::Kind;
+use super::wire::{
+    self, check_descriptors, check_sequence, decode_abort, decode_gathered, decode_header, decode_hello,
+    encode_abort as abort_payload, encode_gathered, encode_header, encode_hello, split_secret, Header,
+    Secret, StoreOptions, HEADER_BYTES, MAX_FRAME_BYTES, MAX_HELLO_BYTES,
+};
 use super::Bootstrap;
 use crate::error::{Error, Result};
 use crate::plan::MAX_RANKS;
@@ -50,19 +54,77 @@ impl StoreAddress {
         }
     }
 
-    /// A fresh abstract name, `<prefix>.<pid>.<random>`, for a launcher to hand to its ranks.
+    /// A fresh abstract name with a fresh launch secret, `<prefix>.<pid>.<random>#<secret>`,
+    /// for a launcher to hand to its ranks (its [`Display`](std::fmt::Display) form carries the
+    /// secret; pass it whole).
     pub fn unique(prefix: &str) -> StoreAddress {
         StoreAddress::Abstract(format!(
             "{prefix}.{}.{}",
             std::process::id(),
-            hex(&random_token())
+            hex::encode(random_token())
         ))
+        .with_secret()
+    }
+
+    /// This address with a fresh launch secret (replacing any it had): `…#<32 hex digits>`.
+    pub fn with_secret(self) -> StoreAddress {
+        let secret = hex::encode(random_token());
+        match self {
+            StoreAddress::Path(p) => {
+                let text = p.to_string_lossy().into_owned();
+                StoreAddress::Path(PathBuf::from(format!("{}#{secret}", split_secret(&text).0)))
+            }
+            StoreAddress::Abstract(name) => {
+                StoreAddress::Abstract(format!("{}#{secret}", split_secret(&name).0))
+            }
+        }
+    }
+
+    fn text(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            StoreAddress::Path(p) => p.to_string_lossy(),
+            StoreAddress::Abstract(name) => std::borrow::Cow::Borrowed(name.as_str()),
+        }
+    }
+
+    /// The launch secret after `#`, or the typed error an address without one gets.
+    pub fn secret(&self) -> Result<Secret> {
+        let text = self.text();
+        let problem = match split_secret(&text).1 {
+            Some(Ok(secret)) => return Ok(secret),
+            Some(Err(e)) => e.to_string(),
+            None => "carries no launch secret".to_string(),
+        };
+        Err(Error::MissingSecret {
+            address: self.redacted(),
+            problem,
+        })
+    }
+
+    /// The address without its secret, for messages and logs.
+    pub fn redacted(&self) -> String {
+        let text = self.text();
+        let (name, secret) = split_secret(&text);
+        let tail = if secret.is_some() { "#…" } else { "" };
+        match self {
+            StoreAddress::Path(_) => format!("{name}{tail}"),
+            StoreAddress::Abstract(_) => format!("@{name}{tail}"),
+        }
     }
 
     fn socket_addr(&self) -> io::Result<SocketAddr> {
+        let text = self.text();
+        let name = split_secret(&text).0;
         match self {
-            StoreAddress::Path(p) => SocketAddr::from_pathname(p),
-            StoreAddress::Abstract(name) => SocketAddr::from_abstract_name(name.as_bytes()),
+            StoreAddress::Path(_) => SocketAddr::from_pathname(name),
+            StoreAddress::Abstract(_) => SocketAddr::from_abstract_name(name.as_bytes()),
+        }
+    }
+
+    fn file(&self) -> Option<PathBuf> {
+        match self {
+            StoreAddress::Path(_) => Some(PathBuf::from(split_secret(&self.text()).0)),
+            StoreAddress::Abstract(_) => None,
         }
     }
 }
@@ -118,7 +180,22 @@ impl SocketStore {
     /// Joins the store at `address` as `rank` of `world`. Rank 0 listens, the others connect
     /// (retrying while the socket does not exist yet). Every wait, here and in later
     /// exchanges, gives up after `timeout`.
+    ///
+    /// The address must carry the launch secret ([`StoreAddress::unique`]); without one this
+    /// returns [`Error::MissingSecret`]. Only processes of this user are admitted
+    /// ([`StoreOptions`] to change that).
     pub fn new(address: &StoreAddress, rank: usize, world: usize, timeout: Duration) -> Result<SocketStore> {
+        SocketStore::with_options(address, rank, world, timeout, StoreOptions::default())
+    }
+
+    /// [`SocketStore::new`] with explicit admission rules.
+    pub fn with_options(
+        address: &StoreAddress,
+        rank: usize,
+        world: usize,
+        timeout: Duration,
+        options: StoreOptions,
+    ) -> Result<SocketStore> {
         if world == 0 || world > MAX_RANKS || rank >= world {
             return Err(Error::InvalidWorldSize {
                 world,
@@ -130,12 +207,13 @@ impl SocketStore {
                 "the socket store timeout must be positive".into(),
             ));
         }
+        let secret = address.secret()?;
         let links = if world == 1 {
             Links::Alone
         } else if rank == 0 {
-            Links::Root(accept_all(address, world, timeout)?)
+            Links::Root(accept_all(address, &secret, world, timeout, &options)?)
         } else {
-            Links::Leaf(connect(address, rank, world, timeout)?)
+            Links::Leaf(connect(address, &secret, rank, world, timeout, &options)?)
         };
         let store = SocketStore {
             rank,
@@ -192,8 +270,14 @@ impl SocketStore {
 
     /// A frame a leaf received from rank 0 that is not the expected answer.
     fn unexpected(&self, header: Header, payload: &[u8], expected: Kind, seq: u64) -> Error {
+        if header.kind == Kind::Refused {
+            let reason = String::from_utf8_lossy(payload).into_owned();
+            *self.broken.borrow_mut() = Some((0, reason.clone()));
+            return Error::PeerRefused { reason };
+        }
         if header.kind == Kind::Abort {
-            let (rank, reason) = decode_abort(payload);
+            let (rank, reason) =
+                decode_abort(payload).unwrap_or((0, "rank 0 aborted without a reason".to_string()));
             *self.broken.borrow_mut() = Some((rank, reason.clone()));
             return Error::PeerSetupFailed {
                 step: "socket store",
@@ -224,7 +308,7 @@ impl Bootstrap for SocketStore {
                 for (i, s) in peers.iter().enumerate() {
                     let q = i + 1;
                     let (header, payload) = read_frame(s, deadline).map_err(|e| self.io_failure(q, e))?;
-                    if header.kind != Kind::Bytes || header.seq != seq {
+                    if check_sequence(&header, Kind::Bytes, seq).is_err() {
                         return Err(self.fail(q, mismatch(q, header, Kind::Bytes, seq)));
                     }
                     parts.push(payload);
@@ -239,10 +323,15 @@ impl Bootstrap for SocketStore {
             Links::Leaf(root) => {
                 write_frame(root, Kind::Bytes, seq, bytes, deadline).map_err(|e| self.io_failure(0, e))?;
                 let (header, payload) = read_frame(root, deadline).map_err(|e| self.io_failure(0, e))?;
-                if header.kind != Kind::Gathered || header.seq != seq {
+                if check_sequence(&header, Kind::Gathered, seq).is_err() {
                     return Err(self.unexpected(header, &payload, Kind::Gathered, seq));
                 }
-                decode_gathered(&payload, self.world).map_err(|e| self.fail(0, e))
+                decode_gathered(&payload, self.world).map_err(|e| {
+                    self.fail(
+                        0,
+                        format!("rank 0's all-gather answer was refused: {e} (mismatched crate versions?)"),
+                    )
+                })
             }
         }
     }
@@ -261,7 +350,10 @@ impl Bootstrap for SocketStore {
                     let q = i + 1;
                     let (header, _, mut got) =
                         recv_frame_with_fds(s, deadline, 1).map_err(|e| self.io_failure(q, e))?;
-                    if header.kind != Kind::Fd || header.seq != seq || got.len() != 1 {
+                    if check_sequence(&header, Kind::Fd, seq)
+                        .and_then(|()| check_descriptors(Kind::Fd, self.world, got.len()))
+                        .is_err()
+                    {
                         return Err(self.fail(
                             q,
                             format!(
@@ -287,10 +379,10 @@ impl Bootstrap for SocketStore {
                 drop(own);
                 let (header, payload, fds) =
                     recv_frame_with_fds(root, deadline, self.world).map_err(|e| self.io_failure(0, e))?;
-                if header.kind != Kind::Fds || header.seq != seq {
+                if check_sequence(&header, Kind::Fds, seq).is_err() {
                     return Err(self.unexpected(header, &payload, Kind::Fds, seq));
                 }
-                if fds.len() != self.world {
+                if check_descriptors(Kind::Fds, self.world, fds.len()).is_err() {
                     return Err(self.fail(
                         0,
                         format!(
@@ -307,15 +399,20 @@ impl Bootstrap for SocketStore {
 }
 
 /// Rank 0: listen, then accept and check a hello from every other rank.
-fn accept_all(address: &StoreAddress, world: usize, timeout: Duration) -> Result<Vec<UnixStream>> {
+fn accept_all(
+    address: &StoreAddress,
+    secret: &Secret,
+    world: usize,
+    timeout: Duration,
+    options: &StoreOptions,
+) -> Result<Vec<UnixStream>> {
     let deadline = Instant::now() + timeout;
     let listener = listen(address)?;
     // Removes the socket file on every way out of this function: peers are connected (or the
     // group failed) by then, so nobody needs it again.
-    let _cleanup = RemoveOnDrop(match address {
-        StoreAddress::Path(p) => Some(p.clone()),
-        StoreAddress::Abstract(_) => None,
-    });
+    let _cleanup = RemoveOnDrop(address.file());
+    let mut refused: Vec<String> = Vec::new();
+    let address = &address.redacted();
     listener.set_nonblocking(true).map_err(|e| Error::Bootstrap {
         reason: format!("cannot make the listening socket non-blocking: {e}"),
     })?;
@@ -343,8 +440,15 @@ fn accept_all(address: &StoreAddress, world: usize, timeout: Duration) -> Result
                         .filter(|(_, p)| p.is_none())
                         .map(|(i, _)| i + 1)
                         .collect();
+                    let refusals = match refused.last() {
+                        None => String::new(),
+                        Some(last) => format!(
+                            " ({} connection(s) were refused, the last because: {last})",
+                            refused.len()
+                        ),
+                    };
                     let reason = format!(
-                        "rank 0 waited {timeout:?} at {address} but rank(s) {missing:?} never connected"
+                        "rank 0 waited {timeout:?} at {address} but rank(s) {missing:?} never connected{refusals}"
                     );
                     abort_all(&peers, missing[0], &reason);
                     return Err(Error::PeerSetupFailed {
@@ -362,16 +466,33 @@ fn accept_all(address: &StoreAddress, world: usize, timeout: Duration) -> Result
                 })
             }
         };
-        // A connection that does not say hello in time is not one of ours: drop it.
-        let hello = stream
-            .set_nonblocking(false)
-            .and_then(|()| read_frame(&stream, deadline.min(Instant::now() + Duration::from_secs(5))));
-        let Ok((header, payload)) = hello else { continue };
-        if header.kind != Kind::Hello || payload.len() != 8 {
+        // Another user's process is refused before a byte is read from it.
+        if let Err(why) = wire::admit(&stream, options) {
+            refused.push(why);
             continue;
         }
-        let rank = u32::from_le_bytes(payload[0..4].try_into().expect("4 bytes")) as usize;
-        let their_world = u32::from_le_bytes(payload[4..8].try_into().expect("4 bytes")) as usize;
+        // A connection that does not say hello (with the secret) in time is not one of ours:
+        // tell it why and drop it. Nothing but that reason is ever sent to it.
+        let hello_deadline = deadline.min(Instant::now() + Duration::from_secs(5));
+        let hello = stream
+            .set_nonblocking(false)
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                read_frame_bounded(&stream, hello_deadline, MAX_HELLO_BYTES, 0).map_err(|e| e.to_string())
+            })
+            .and_then(|(header, payload, _)| {
+                check_sequence(&header, Kind::Hello, 0)
+                    .and_then(|()| decode_hello(&payload, secret))
+                    .map_err(|e| e.to_string())
+            });
+        let (rank, their_world) = match hello {
+            Ok(v) => v,
+            Err(why) => {
+                let _ = write_frame(&stream, Kind::Refused, 0, why.as_bytes(), hello_deadline);
+                refused.push(why);
+                continue;
+            }
+        };
         let problem = if their_world != world {
             Some(format!(
                 "rank {rank} joined {address} for a world of {their_world}, rank 0 for a world of {world}"
@@ -399,18 +520,20 @@ fn accept_all(address: &StoreAddress, world: usize, timeout: Duration) -> Result
     Ok(peers.into_iter().map(|p| p.expect("all connected")).collect())
 }
 
-fn listen(address: &StoreAddress) -> Result<UnixListener> {
-    let addr = address.socket_addr().map_err(|e| Error::Bootstrap {
+fn listen(full: &StoreAddress) -> Result<UnixListener> {
+    let address = &full.redacted();
+    let addr = full.socket_addr().map_err(|e| Error::Bootstrap {
         reason: format!("{address} is not a valid Unix socket address: {e}"),
     })?;
     match UnixListener::bind_addr(&addr) {
         Ok(l) => Ok(l),
         Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
             // A socket file nobody listens on is left over from a dead run: replace it.
-            let stale = matches!(address, StoreAddress::Path(_))
+            let file = full.file();
+            let stale = file.is_some()
                 && UnixStream::connect_addr(&addr)
                     .is_err_and(|e| e.kind() == io::ErrorKind::ConnectionRefused);
-            if let (true, StoreAddress::Path(p)) = (stale, address) {
+            if let (true, Some(p)) = (stale, file) {
                 let _ = std::fs::remove_file(p);
                 return UnixListener::bind_addr(&addr).map_err(|e| Error::Bootstrap {
                     reason: format!("cannot listen on {address}: {e}"),
@@ -429,10 +552,18 @@ fn listen(address: &StoreAddress) -> Result<UnixListener> {
 }
 
 /// Any rank but 0: connect (retrying until rank 0 listens) and say hello.
-fn connect(address: &StoreAddress, rank: usize, world: usize, timeout: Duration) -> Result<UnixStream> {
+fn connect(
+    address: &StoreAddress,
+    secret: &Secret,
+    rank: usize,
+    world: usize,
+    timeout: Duration,
+    options: &StoreOptions,
+) -> Result<UnixStream> {
     let deadline = Instant::now() + timeout;
+    let shown = address.redacted();
     let addr = address.socket_addr().map_err(|e| Error::Bootstrap {
-        reason: format!("{address} is not a valid Unix socket address: {e}"),
+        reason: format!("{shown} is not a valid Unix socket address: {e}"),
     })?;
     let stream = loop {
         match UnixStream::connect_addr(&addr) {
@@ -448,7 +579,7 @@ fn connect(address: &StoreAddress, rank: usize, world: usize, timeout: Duration)
                         step: "socket store",
                         rank: 0,
                         reason: format!(
-                            "rank {rank} could not reach rank 0 at {address} within {timeout:?} ({e}): is rank 0 \
+                            "rank {rank} could not reach rank 0 at {shown} within {timeout:?} ({e}): is rank 0 \
                              running, with the same address?"
                         ),
                     });
@@ -457,13 +588,16 @@ fn connect(address: &StoreAddress, rank: usize, world: usize, timeout: Duration)
             }
             Err(e) => {
                 return Err(Error::Bootstrap {
-                    reason: format!("cannot connect to {address}: {e}"),
+                    reason: format!("cannot connect to {shown}: {e}"),
                 })
             }
         }
     };
-    let mut hello = (rank as u32).to_le_bytes().to_vec();
-    hello.extend_from_slice(&(world as u32).to_le_bytes());
+    // The secret goes only to a listener of an admitted user.
+    wire::admit(&stream, options).map_err(|why| Error::PeerRefused {
+        reason: format!("the process listening on {shown} is not admitted ({why}); nothing was sent to it"),
+    })?;
+    let hello = encode_hello(rank, world, secret);
     write_frame(&stream, Kind::Hello, 0, &hello, deadline).map_err(|e| Error::PeerSetupFailed {
         step: "socket store",
         rank: 0,
@@ -482,131 +616,7 @@ impl Drop for RemoveOnDrop {
     }
 }
 
-// ---- Frames -------------------------------------------------------------------------------
-
-const MAGIC: u32 = u32::from_le_bytes(*b"SYMS");
-pub(crate) const HEADER_BYTES: usize = 24;
-/// Largest payload accepted from a peer (setup messages are far smaller).
-const MAX_PAYLOAD: u64 = 64 << 20;
-
-/// What a frame carries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    /// A leaf's rank and world, once, right after connecting.
-    Hello = 1,
-    /// One rank's contribution to an all-gather.
-    Bytes = 2,
-    /// Every rank's contribution, from rank 0.
-    Gathered = 3,
-    /// One descriptor (as `SCM_RIGHTS`).
-    Fd = 4,
-    /// Every rank's descriptor, from rank 0.
-    Fds = 5,
-    /// The group failed: failing rank (u32) and the reason.
-    Abort = 6,
-}
-
-impl Kind {
-    fn from_u32(v: u32) -> Option<Kind> {
-        Some(match v {
-            1 => Kind::Hello,
-            2 => Kind::Bytes,
-            3 => Kind::Gathered,
-            4 => Kind::Fd,
-            5 => Kind::Fds,
-            6 => Kind::Abort,
-            _ => return None,
-        })
-    }
-}
-
-/// `magic: u32 | kind: u32 | seq: u64 | payload length: u64`, little-endian.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Header {
-    pub(crate) kind: Kind,
-    pub(crate) seq: u64,
-    pub(crate) len: u64,
-}
-
-pub(crate) fn encode_header(h: Header) -> [u8; HEADER_BYTES] {
-    let mut b = [0u8; HEADER_BYTES];
-    b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-    b[4..8].copy_from_slice(&(h.kind as u32).to_le_bytes());
-    b[8..16].copy_from_slice(&h.seq.to_le_bytes());
-    b[16..24].copy_from_slice(&h.len.to_le_bytes());
-    b
-}
-
-pub(crate) fn decode_header(b: &[u8; HEADER_BYTES]) -> std::result::Result<Header, String> {
-    let word = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
-    let long = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-    if word(0) != MAGIC {
-        return Err("not a symm-allreduce frame (bad magic): is another program on this socket?".into());
-    }
-    let kind = Kind::from_u32(word(4)).ok_or_else(|| format!("unknown frame kind {}", word(4)))?;
-    let len = long(16);
-    if len > MAX_PAYLOAD {
-        return Err(format!(
-            "frame of {len} bytes is over the {MAX_PAYLOAD}-byte limit"
-        ));
-    }
-    Ok(Header {
-        kind,
-        seq: long(8),
-        len,
-    })
-}
-
-/// `count: u32`, then per rank `length: u64 | bytes`.
-pub(crate) fn encode_gathered(parts: &[Vec<u8>]) -> Vec<u8> {
-    let mut b = Vec::with_capacity(4 + parts.iter().map(|p| p.len() + 8).sum::<usize>());
-    b.extend_from_slice(&(parts.len() as u32).to_le_bytes());
-    for p in parts {
-        b.extend_from_slice(&(p.len() as u64).to_le_bytes());
-        b.extend_from_slice(p);
-    }
-    b
-}
-
-pub(crate) fn decode_gathered(b: &[u8], world: usize) -> std::result::Result<Vec<Vec<u8>>, String> {
-    let bad = || "malformed all-gather answer from rank 0 (mismatched crate versions?)".to_string();
-    let count = u32::from_le_bytes(b.get(0..4).ok_or_else(bad)?.try_into().expect("4 bytes")) as usize;
-    if count != world {
-        return Err(format!(
-            "rank 0 answered for {count} ranks, this rank expects {world}"
-        ));
-    }
-    let mut parts = Vec::with_capacity(count);
-    let mut at = 4usize;
-    for _ in 0..count {
-        let len =
-            u64::from_le_bytes(b.get(at..at + 8).ok_or_else(bad)?.try_into().expect("8 bytes")) as usize;
-        at += 8;
-        let end = at.checked_add(len).ok_or_else(bad)?;
-        parts.push(b.get(at..end).ok_or_else(bad)?.to_vec());
-        at = end;
-    }
-    if at != b.len() {
-        return Err(bad());
-    }
-    Ok(parts)
-}
-
-fn abort_payload(rank: usize, reason: &str) -> Vec<u8> {
-    let mut payload = (rank as u32).to_le_bytes().to_vec();
-    payload.extend_from_slice(reason.as_bytes());
-    payload
-}
-
-fn decode_abort(payload: &[u8]) -> (usize, String) {
-    match payload.get(0..4) {
-        Some(r) => (
-            u32::from_le_bytes(r.try_into().expect("4 bytes")) as usize,
-            String::from_utf8_lossy(&payload[4..]).into_owned(),
-        ),
-        None => (0, "rank 0 aborted without a reason".into()),
-    }
-}
+// ---- Messages -------------------------------------------------------------------------------
 
 fn mismatch(peer: usize, header: Header, expected: Kind, seq: u64) -> String {
     format!(
@@ -659,18 +669,75 @@ fn send_all(stream: &UnixStream, mut bytes: &[u8], deadline: Instant) -> io::Res
     Ok(())
 }
 
-fn read_exact_by(stream: &UnixStream, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+/// Fills `buf`, collecting any descriptors that arrive with the bytes into `fds` (so that
+/// they are closed, not leaked, when unexpected).
+fn read_exact_by(
+    stream: &UnixStream,
+    buf: &mut [u8],
+    deadline: Instant,
+    fds: &mut Vec<OwnedFd>,
+) -> io::Result<()> {
     let mut done = 0;
     while done < buf.len() {
         arm(stream, deadline)?;
-        match (&mut &*stream).read(&mut buf[done..]) {
-            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_RANKS))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let got = match recvmsg(
+            stream,
+            &mut [IoSliceMut::new(&mut buf[done..])],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Ok(msg) => msg,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        for message in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(received) = message {
+                fds.extend(received);
+            }
         }
+        if got.flags.contains(ReturnFlags::CTRUNC) {
+            return Err(io::Error::other(
+                "a peer attached more descriptors than one message may carry (they were closed)",
+            ));
+        }
+        if got.bytes == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        done += got.bytes;
     }
     Ok(())
+}
+
+/// Reads one frame: a header (payload at most `max_payload` bytes, checked before anything is
+/// allocated), then the payload, grown only as bytes arrive. More than `max_fds` descriptors
+/// is an error; every descriptor received is closed on any error.
+pub(crate) fn read_frame_bounded(
+    stream: &UnixStream,
+    deadline: Instant,
+    max_payload: usize,
+    max_fds: usize,
+) -> io::Result<(Header, Vec<u8>, Vec<OwnedFd>)> {
+    const CHUNK: usize = 64 << 10;
+    let mut fds = Vec::new();
+    let mut raw = [0u8; HEADER_BYTES];
+    read_exact_by(stream, &mut raw, deadline, &mut fds)?;
+    let header = decode_header(&raw, max_payload).map_err(io::Error::other)?;
+    let len = header.len as usize;
+    let mut payload = Vec::new();
+    while payload.len() < len {
+        let at = payload.len();
+        payload.resize(len.min(at + CHUNK), 0);
+        read_exact_by(stream, &mut payload[at..], deadline, &mut fds)?;
+    }
+    if fds.len() > max_fds {
+        return Err(io::Error::other(wire::WireError::UnexpectedDescriptors {
+            got: fds.len(),
+            expected: max_fds,
+        }));
+    }
+    Ok((header, payload, fds))
 }
 
 pub(crate) fn write_frame(
@@ -689,12 +756,9 @@ pub(crate) fn write_frame(
     send_all(stream, payload, deadline)
 }
 
+/// A frame that carries no descriptors (any attached are closed, and refused).
 pub(crate) fn read_frame(stream: &UnixStream, deadline: Instant) -> io::Result<(Header, Vec<u8>)> {
-    let mut raw = [0u8; HEADER_BYTES];
-    read_exact_by(stream, &mut raw, deadline)?;
-    let header = decode_header(&raw).map_err(io::Error::other)?;
-    let mut payload = vec![0u8; header.len as usize];
-    read_exact_by(stream, &mut payload, deadline)?;
+    let (header, payload, _) = read_frame_bounded(stream, deadline, MAX_FRAME_BYTES, 0)?;
     Ok((header, payload))
 }
 
@@ -747,62 +811,22 @@ pub(crate) fn recv_frame_with_fds(
     deadline: Instant,
     max_fds: usize,
 ) -> io::Result<(Header, Vec<u8>, Vec<OwnedFd>)> {
-    let mut raw = [0u8; HEADER_BYTES];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_RANKS))];
-    let mut control = RecvAncillaryBuffer::new(&mut space);
-    let got = loop {
-        arm(stream, deadline)?;
-        match recvmsg(
-            stream,
-            &mut [IoSliceMut::new(&mut raw)],
-            &mut control,
-            RecvFlags::CMSG_CLOEXEC,
-        ) {
-            Ok(msg) => break msg,
-            Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    };
-    let mut fds = Vec::new();
-    for message in control.drain() {
-        if let RecvAncillaryMessage::ScmRights(received) = message {
-            fds.extend(received);
-        }
-    }
-    if got.bytes == 0 {
-        return Err(io::ErrorKind::UnexpectedEof.into());
-    }
-    if got.flags.contains(ReturnFlags::CTRUNC) || fds.len() > max_fds {
-        return Err(io::Error::other(format!(
-            "a peer sent more descriptors than the {max_fds} expected"
-        )));
-    }
-    read_exact_by(stream, &mut raw[got.bytes..], deadline)?;
-    let header = decode_header(&raw).map_err(io::Error::other)?;
-    let mut payload = vec![0u8; header.len as usize];
-    read_exact_by(stream, &mut payload, deadline)?;
-    Ok((header, payload, fds))
+    read_frame_bounded(stream, deadline, MAX_FRAME_BYTES, max_fds)
 }
 
-/// 16 random bytes (seeded by the OS through std's hasher keys, mixed with time and pid).
+/// 16 random bytes from the OS (`getrandom`). Falls back to a zero-free error message path
+/// never: a failure of the OS generator is returned to the caller by [`wire::random_secret`];
+/// here (names, not secrets) it degrades to time and pid.
 pub(crate) fn random_token() -> [u8; 16] {
-    let mut out = [0u8; 16];
-    for (i, chunk) in out.chunks_mut(8).enumerate() {
-        let mut h = RandomState::new().build_hasher();
-        h.write_u32(std::process::id());
-        h.write_usize(i);
-        h.write_u128(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos()),
-        );
-        chunk.copy_from_slice(&h.finish().to_le_bytes());
-    }
-    out
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    wire::random_secret().unwrap_or_else(|_| {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let mut out = [0u8; 16];
+        out[..12].copy_from_slice(&t.to_le_bytes()[..12]);
+        out[12..].copy_from_slice(&std::process::id().to_le_bytes());
+        out
+    })
 }
 
 #[cfg(test)]
@@ -839,18 +863,21 @@ mod tests {
             seq: 0x0102_0304_0506_0708,
             len: 77,
         };
-        assert_eq!(decode_header(&encode_header(h)).unwrap(), h);
+        assert_eq!(decode_header(&encode_header(h), MAX_FRAME_BYTES).unwrap(), h);
         let mut bad = encode_header(h);
         bad[0] ^= 1;
-        assert!(decode_header(&bad).unwrap_err().contains("magic"));
+        assert_eq!(
+            decode_header(&bad, MAX_FRAME_BYTES),
+            Err(wire::WireError::BadMagic)
+        );
         let mut bad = encode_header(h);
         bad[4] = 99;
-        assert!(decode_header(&bad).is_err());
+        assert!(decode_header(&bad, MAX_FRAME_BYTES).is_err());
         let huge = encode_header(Header {
-            len: MAX_PAYLOAD + 1,
+            len: MAX_FRAME_BYTES as u64 + 1,
             ..h
         });
-        assert!(decode_header(&huge).is_err());
+        assert!(decode_header(&huge, MAX_FRAME_BYTES).is_err());
 
         let parts = vec![vec![], vec![1, 2, 3], vec![0; 1000], b"x".to_vec()];
         let enc = encode_gathered(&parts);
@@ -860,6 +887,24 @@ mod tests {
         let mut longer = enc.clone();
         longer.push(0);
         assert!(decode_gathered(&longer, 4).is_err());
+    }
+
+    #[test]
+    fn addresses_carry_a_secret_and_hide_it_in_messages() {
+        let a = unique();
+        let text = a.to_string();
+        assert_eq!(StoreAddress::parse(&text), a);
+        assert!(a.secret().is_ok());
+        assert!(!a.redacted().contains(&hex::encode(a.secret().unwrap())));
+        let bare = StoreAddress::parse("@no-secret");
+        assert!(matches!(bare.secret(), Err(Error::MissingSecret { .. })));
+        let e = SocketStore::new(&bare, 0, 1, Duration::from_secs(1)).unwrap_err();
+        assert!(matches!(e, Error::MissingSecret { .. }), "{e}");
+        assert!(e.to_string().contains("StoreAddress::unique"), "{e}");
+        assert!(matches!(
+            StoreAddress::parse("@x#zz").secret(),
+            Err(Error::MissingSecret { .. })
+        ));
     }
 
     #[test]
@@ -875,9 +920,9 @@ mod tests {
 
     #[test]
     fn all_gather_over_abstract_and_path_sockets_many_rounds() {
-        let dir = std::env::temp_dir().join(format!("symm-store-{}", hex(&random_token())));
+        let dir = std::env::temp_dir().join(format!("symm-store-{}", hex::encode(random_token())));
         std::fs::create_dir_all(&dir).unwrap();
-        let path = StoreAddress::Path(dir.join("store.sock"));
+        let path = StoreAddress::Path(dir.join("store.sock")).with_secret();
         for (address, world) in [(unique(), 4), (path.clone(), 3), (unique(), 1), (unique(), 8)] {
             let results = group(&address, world, Duration::from_secs(10), |r, store| {
                 let store = store.unwrap();
@@ -894,15 +939,13 @@ mod tests {
             assert_eq!(results, (0..world).collect::<Vec<_>>());
         }
         // Rank 0 removed the socket file once everyone had connected.
-        if let StoreAddress::Path(p) = &path {
-            assert!(!p.exists());
-        }
+        assert!(!path.file().unwrap().exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn descriptors_travel_by_scm_rights() {
-        let dir = std::env::temp_dir().join(format!("symm-fds-{}", hex(&random_token())));
+        let dir = std::env::temp_dir().join(format!("symm-fds-{}", hex::encode(random_token())));
         std::fs::create_dir_all(&dir).unwrap();
         let address = unique();
         group(&address, 3, Duration::from_secs(10), |r, store| {
