@@ -144,9 +144,15 @@ fn frame_parsers_survive_hostile_input() {
             seq: rng.random(),
             len: 0,
         });
-        h[16..24].copy_from_slice(&rng.random_range(MAX_FRAME_BYTES as u64 + 1..=u64::MAX).to_le_bytes());
+        h[16..24].copy_from_slice(
+            &rng.random_range(MAX_FRAME_BYTES as u64 + 1..=u64::MAX)
+                .to_le_bytes(),
+        );
         case(&h, |b| {
-            assert!(matches!(decode_header(b, MAX_FRAME_BYTES), Err(WireError::Oversized { .. })));
+            assert!(matches!(
+                decode_header(b, MAX_FRAME_BYTES),
+                Err(WireError::Oversized { .. })
+            ));
         });
         h[4..6].copy_from_slice(&rng.random::<u16>().to_le_bytes());
         h[6..8].copy_from_slice(&rng.random::<u16>().to_le_bytes());
