@@ -109,7 +109,7 @@ fn valid_frames(rng: &mut StdRng, secret: &Secret, world: usize) -> Vec<Vec<u8>>
 #[test]
 fn frame_parsers_survive_hostile_input() {
     let started = std::time::Instant::now();
-    let mut rng = StdRng::seed_from_u64(0x5eed_15);
+    let mut rng = StdRng::seed_from_u64(0x005e_ed15);
     let secret: Secret = rng.random();
     let mut count = 0u64;
 

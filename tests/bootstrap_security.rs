@@ -356,8 +356,7 @@ fn fd_exchange_attack(options: StoreOptions, nobody: bool, seam: bool) -> (usize
             );
         }
     });
-    let got = got.into_inner().unwrap().unwrap();
-    got
+    got.into_inner().unwrap().unwrap()
 }
 
 #[test]
