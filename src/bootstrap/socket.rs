@@ -814,9 +814,9 @@ pub(crate) fn recv_frame_with_fds(
     read_frame_bounded(stream, deadline, MAX_FRAME_BYTES, max_fds)
 }
 
-/// 16 random bytes from the OS (`getrandom`). Falls back to a zero-free error message path
-/// never: a failure of the OS generator is returned to the caller by [`wire::random_secret`];
-/// here (names, not secrets) it degrades to time and pid.
+/// 16 random bytes from the OS (`getrandom`). If the OS generator fails (it does not on any
+/// supported Linux) this degrades to time and pid; the NCCL path's tokens call
+/// [`wire::random_secret`] instead and fail with an error.
 pub(crate) fn random_token() -> [u8; 16] {
     wire::random_secret().unwrap_or_else(|_| {
         let t = std::time::SystemTime::now()
