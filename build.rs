@@ -143,20 +143,16 @@ fn build_nvtx(nvcc: &Path, manifest: &Path, out: &Path) -> Result<(), String> {
         .into_iter()
         .find(|d| d.join("nvtx3/nvToolsExt.h").is_file())
         .ok_or_else(|| format!("no nvtx3/nvToolsExt.h under {}", root.display()))?;
-    let cc = env::var("CC").unwrap_or_else(|_| "cc".into());
-    let object = out.join("nvtx_shim.o");
-    let mut cmd = Command::new(&cc);
-    cmd.args(["-c", "-O2", "-fPIC", "-I"])
-        .arg(&include)
-        .arg(manifest.join(NVTX_SHIM))
-        .arg("-o")
-        .arg(&object);
-    run(cmd)?;
-    let mut cmd = Command::new("ar");
-    cmd.arg("crs").arg(out.join("libsymm_nvtx.a")).arg(&object);
-    run(cmd)?;
-    println!("cargo:rustc-link-search=native={}", out.display());
-    println!("cargo:rustc-link-lib=static=symm_nvtx");
+    // The cc crate honours CC, AR, CFLAGS and cross targets, and emits the link directives
+    // for the static library itself.
+    cc::Build::new()
+        .file(manifest.join(NVTX_SHIM))
+        .include(&include)
+        .opt_level(2)
+        .pic(true)
+        .out_dir(out)
+        .try_compile("symm_nvtx")
+        .map_err(|e| e.to_string())?;
     println!("cargo:rustc-link-lib=dylib=dl");
     println!("cargo:rustc-cfg=symm_nvtx");
     Ok(())
