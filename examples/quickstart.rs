@@ -4,8 +4,19 @@
 
 use symm_allreduce::{Algorithm, Communicator, Config, DType};
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // A typed error, never a panic, when there is no driver or GPU.
+fn main() -> std::process::ExitCode {
+    // A typed error, never a panic, when there is no driver or GPU; printed in its human
+    // (Display) form, which says what to do.
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let ctx = symm_allreduce::context(0)?;
     // Two ranks in one process ("virtual ranks" on one GPU; one context per GPU on more).
     let comms = Communicator::local_group(&[ctx.clone(), ctx.clone()], Config::default())?;
