@@ -71,8 +71,10 @@ impl std::str::FromStr for Algorithm {
 /// Communicator settings. Every rank must use the same values.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
-    /// Largest message, in bytes, one call may reduce. Each rank allocates twice this
-    /// (two data buffers used alternately) plus 64 KiB of signals.
+    /// Largest message, in bytes, one call may reduce. Each rank allocates three times this
+    /// (two data buffers used alternately and the zero-copy symmetric buffer), plus 64 KiB of
+    /// signals and call state, plus the low-latency slots (`2 · world · 2 ·
+    /// min(low_latency_max_bytes, capacity)` bytes), rounded up to the device granularity.
     pub capacity_bytes: usize,
     /// Algorithm used when a call does not force one.
     pub algorithm: Algorithm,
