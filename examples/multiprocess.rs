@@ -103,7 +103,12 @@ fn launcher(args: &Args) -> Result<(), String> {
     let devices = symm_allreduce::device_count().map_err(|e| e.to_string())?;
     let mut env: Vec<(&str, String)> = Vec::new();
     match args.boot {
-        Boot::Socket => env.push((ADDRESS_ENV, StoreAddress::unique("symm-example").to_string())),
+        Boot::Socket => env.push((
+            ADDRESS_ENV,
+            StoreAddress::unique("symm-example")
+                .map_err(|e| e.to_string())?
+                .to_string(),
+        )),
         Boot::Nccl => {
             if args.world > devices {
                 return Err(format!(

@@ -184,7 +184,7 @@ fn store_attack(
     nobody: bool,
     seam: bool,
 ) -> (usize, usize, usize) {
-    let address = StoreAddress::unique("symm-sec");
+    let address = StoreAddress::unique("symm-sec").unwrap();
     let text = address.to_string();
     let name = text
         .trim_start_matches('@')
@@ -278,8 +278,8 @@ fn store_refuses_a_real_foreign_uid_even_with_the_secret() {
 
 #[test]
 fn a_rank_with_a_wrong_secret_gets_a_typed_error() {
-    let address = StoreAddress::unique("symm-sec-wrong");
-    let wrong = StoreAddress::parse(&address.to_string()).with_secret();
+    let address = StoreAddress::unique("symm-sec-wrong").unwrap();
+    let wrong = StoreAddress::parse(&address.to_string()).with_secret().unwrap();
     let (root, leaf) = std::thread::scope(|s| {
         let root = s.spawn(|| SocketStore::new(&address, 0, 2, Duration::from_millis(1500)).map(|_| ()));
         let leaf = s.spawn(|| SocketStore::new(&wrong, 1, 2, Duration::from_millis(1500)).map(|_| ()));

@@ -59,7 +59,7 @@ struct Finished {
 /// Starts `world` rank processes running `scenario`.
 fn launch(scenario: &str, world: usize, extra: &[(&str, String)]) -> Vec<Rank> {
     let exe = std::env::current_exe().expect("test binary path");
-    let address = StoreAddress::unique("symm-mp-test").to_string();
+    let address = StoreAddress::unique("symm-mp-test").unwrap().to_string();
     let dir = std::env::temp_dir();
     (0..world)
         .map(|rank| {
@@ -766,7 +766,13 @@ fn own_nccl_fallback_over_a_socket_store_world_of_one() {
         return;
     }
     let info = symm_allreduce::nccl_library().unwrap();
-    let store = SocketStore::new(&StoreAddress::unique("symm-test"), 0, 1, Duration::from_secs(10)).unwrap();
+    let store = SocketStore::new(
+        &StoreAddress::unique("symm-test").unwrap(),
+        0,
+        1,
+        Duration::from_secs(10),
+    )
+    .unwrap();
     let config = Config {
         capacity_bytes: 1 << 20,
         nccl_above_bytes: Some(16 << 10),

@@ -57,7 +57,10 @@ impl StoreAddress {
     /// A fresh abstract name with a fresh launch secret, `<prefix>.<pid>.<random>#<secret>`,
     /// for a launcher to hand to its ranks (its [`Display`](std::fmt::Display) form carries the
     /// secret; pass it whole).
-    pub fn unique(prefix: &str) -> StoreAddress {
+    ///
+    /// Fails only if the operating system's random source does: a secret is never made from
+    /// anything predictable.
+    pub fn unique(prefix: &str) -> Result<StoreAddress> {
         StoreAddress::Abstract(format!(
             "{prefix}.{}.{}",
             std::process::id(),
@@ -67,9 +70,12 @@ impl StoreAddress {
     }
 
     /// This address with a fresh launch secret (replacing any it had): `…#<32 hex digits>`.
-    pub fn with_secret(self) -> StoreAddress {
-        let secret = hex::encode(random_token());
-        match self {
+    /// Fails only if the operating system's random source does.
+    pub fn with_secret(self) -> Result<StoreAddress> {
+        let secret = hex::encode(wire::random_secret().map_err(|e| Error::Bootstrap {
+            reason: format!("no random launch secret: {e}"),
+        })?);
+        Ok(match self {
             StoreAddress::Path(p) => {
                 let text = p.to_string_lossy().into_owned();
                 StoreAddress::Path(PathBuf::from(format!("{}#{secret}", split_secret(&text).0)))
@@ -77,7 +83,7 @@ impl StoreAddress {
             StoreAddress::Abstract(name) => {
                 StoreAddress::Abstract(format!("{}#{secret}", split_secret(&name).0))
             }
-        }
+        })
     }
 
     fn text(&self) -> std::borrow::Cow<'_, str> {
@@ -814,9 +820,10 @@ pub(crate) fn recv_frame_with_fds(
     read_frame_bounded(stream, deadline, MAX_FRAME_BYTES, max_fds)
 }
 
-/// 16 random bytes from the OS (`getrandom`). If the OS generator fails (it does not on any
-/// supported Linux) this degrades to time and pid; the NCCL path's tokens call
-/// [`wire::random_secret`] instead and fail with an error.
+/// 16 bytes that make a socket *name* unique: from the OS (`getrandom`), degrading to time
+/// and pid if the OS generator fails (it does not on any supported Linux). Names are public
+/// (`/proc/net/unix`), so this is never used for a secret or token: those come from
+/// [`wire::random_secret`], which fails instead.
 pub(crate) fn random_token() -> [u8; 16] {
     wire::random_secret().unwrap_or_else(|_| {
         let t = std::time::SystemTime::now()
@@ -835,7 +842,7 @@ mod tests {
     use std::os::unix::fs::FileExt;
 
     fn unique() -> StoreAddress {
-        StoreAddress::unique("symm-allreduce-test")
+        StoreAddress::unique("symm-allreduce-test").unwrap()
     }
 
     /// Runs `f(rank, store)` on `world` threads joined to one store.
@@ -922,7 +929,7 @@ mod tests {
     fn all_gather_over_abstract_and_path_sockets_many_rounds() {
         let dir = std::env::temp_dir().join(format!("symm-store-{}", hex::encode(random_token())));
         std::fs::create_dir_all(&dir).unwrap();
-        let path = StoreAddress::Path(dir.join("store.sock")).with_secret();
+        let path = StoreAddress::Path(dir.join("store.sock")).with_secret().unwrap();
         for (address, world) in [(unique(), 4), (path.clone(), 3), (unique(), 1), (unique(), 8)] {
             let results = group(&address, world, Duration::from_secs(10), |r, store| {
                 let store = store.unwrap();

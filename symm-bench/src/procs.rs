@@ -83,7 +83,9 @@ fn launch(args: &Args) -> Result<ExitCode, Stop> {
     };
     let exe =
         std::env::current_exe().map_err(|e| Stop::Failed(format!("cannot find this executable: {e}")))?;
-    let store = StoreAddress::unique("symm-bench").to_string();
+    let store = StoreAddress::unique("symm-bench")
+        .map_err(|e| Stop::Failed(e.to_string()))?
+        .to_string();
     let commands = (0..world)
         .map(|rank| {
             let mut cmd = Command::new(&exe);
