@@ -40,7 +40,7 @@ mod symmetric;
 mod topology;
 
 #[doc(hidden)]
-pub use bootstrap::{nccl::exchange_fds_over_abstract_sockets as __exchange_fds, wire as __wire};
+pub use bootstrap::{nccl::gather_fds_over_abstract_sockets as __exchange_fds, wire as __wire};
 pub use bootstrap::{
     nccl_library, nccl_teardown_failures, Bootstrap, LocalHub, NcclBootstrap, NcclLibraryInfo, PeerCheck,
     PeerCredentials, SocketStore, StoreAddress, StoreOptions,

@@ -706,7 +706,8 @@ impl Bootstrap for NcclBootstrap<'_> {
 /// Every accepted connection and every connected listener passes `options.check_peer` (same
 /// user by default) before anything is read from or sent to it; a descriptor is only sent to
 /// a listener that passed, and is only taken from a sender that proved the receiver's token.
-pub(crate) fn gather_fds_over_abstract_sockets(
+#[doc(hidden)] // public only for the security tests
+pub fn gather_fds_over_abstract_sockets(
     bootstrap: &dyn Bootstrap,
     fd: BorrowedFd<'_>,
     timeout: Duration,
@@ -843,17 +844,6 @@ pub(crate) fn gather_fds_over_abstract_sockets(
             })
         })
         .collect()
-}
-
-/// The NCCL path's descriptor exchange over any byte bootstrap, for the security tests.
-#[doc(hidden)]
-pub fn exchange_fds_over_abstract_sockets(
-    bootstrap: &dyn Bootstrap,
-    fd: BorrowedFd<'_>,
-    timeout: Duration,
-    options: &StoreOptions,
-) -> Result<Vec<OwnedFd>> {
-    gather_fds_over_abstract_sockets(bootstrap, fd, timeout, options)
 }
 
 #[cfg(test)]
