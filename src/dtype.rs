@@ -1,50 +1,63 @@
-//! Element types the kernels reduce.
+//! Element types the kernels reduce. The list in [`dtypes!`] is the one place a dtype is
+//! named on the Rust side (the device side has its own one-line list in kernels/); NCCL's code
+//! for each type comes from cudarc's [`NcclType`].
 
 use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+use cudarc::nccl::NcclType;
 
-/// The element type of an all-reduce.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DType {
-    /// `f32`, accumulated in f32.
-    F32,
-    /// `half::f16`, accumulated in f32.
-    F16,
-    /// `half::bf16`, accumulated in f32.
-    BF16,
+/// Defines [`DType`], its tables and the [`Element`] impls from one list:
+/// `Variant, rust type, name, bytes, doc;`.
+macro_rules! dtypes {
+    ($($variant:ident, $ty:ty, $name:literal, $size:literal, $doc:literal;)*) => {
+        /// The element type of an all-reduce.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum DType {
+            $(#[doc = $doc] $variant,)*
+        }
+
+        impl DType {
+            /// Every supported type, in kernel-table order.
+            pub const ALL: [DType; DType::COUNT] = [$(DType::$variant),*];
+            /// Number of supported types.
+            pub const COUNT: usize = [$($name),*].len();
+
+            /// Bytes per element.
+            pub const fn size(self) -> usize {
+                match self { $(DType::$variant => $size,)* }
+            }
+
+            /// Lower-case name, as in kernel names (`symm_one_shot_bf16`).
+            pub const fn name(self) -> &'static str {
+                match self { $(DType::$variant => $name,)* }
+            }
+        }
+
+        mod sealed {
+            pub trait Sealed {}
+            $(impl Sealed for $ty {})*
+        }
+
+        $(impl Element for $ty {
+            const DTYPE: DType = DType::$variant;
+        })*
+    };
+}
+
+dtypes! {
+    F32, f32, "f32", 4, "`f32`, accumulated in f32.";
+    F16, half::f16, "f16", 2, "`half::f16`, accumulated in f32.";
+    BF16, half::bf16, "bf16", 2, "`half::bf16`, accumulated in f32.";
 }
 
 impl DType {
-    /// Every supported type.
-    pub const ALL: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
-
-    /// Bytes per element.
-    pub const fn size(self) -> usize {
-        match self {
-            DType::F32 => 4,
-            DType::F16 | DType::BF16 => 2,
-        }
-    }
-
     /// Elements per 16-byte pack, the kernels' unit of work.
     pub const fn per_pack(self) -> usize {
         16 / self.size()
     }
 
-    /// Lower-case name, as in kernel names (`symm_one_shot_bf16`).
-    pub const fn name(self) -> &'static str {
-        match self {
-            DType::F32 => "f32",
-            DType::F16 => "f16",
-            DType::BF16 => "bf16",
-        }
-    }
-
+    /// Its column in the kernel table.
     pub(crate) const fn index(self) -> usize {
-        match self {
-            DType::F32 => 0,
-            DType::F16 => 1,
-            DType::BF16 => 2,
-        }
+        self as usize
     }
 }
 
@@ -57,36 +70,19 @@ impl std::fmt::Display for DType {
 impl std::str::FromStr for DType {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        DType::ALL
-            .into_iter()
-            .find(|d| d.name() == s)
-            .ok_or_else(|| format!("unknown dtype {s:?}: expected f32, f16 or bf16"))
+        DType::ALL.into_iter().find(|d| d.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
+            format!("unknown dtype {s:?}: expected one of {}", names.join(", "))
+        })
     }
-}
-
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for f32 {}
-    impl Sealed for half::f16 {}
-    impl Sealed for half::bf16 {}
 }
 
 /// A type the all-reduce kernels accept: `f32`, `half::f16`, `half::bf16`.
 pub trait Element:
-    sealed::Sealed + DeviceRepr + ValidAsZeroBits + bytemuck::Pod + Send + Sync + 'static
+    sealed::Sealed + DeviceRepr + ValidAsZeroBits + NcclType + bytemuck::Pod + Send + Sync + 'static
 {
     /// Its [`DType`].
     const DTYPE: DType;
-}
-
-impl Element for f32 {
-    const DTYPE: DType = DType::F32;
-}
-impl Element for half::f16 {
-    const DTYPE: DType = DType::F16;
-}
-impl Element for half::bf16 {
-    const DTYPE: DType = DType::BF16;
 }
 
 #[cfg(test)]
@@ -103,6 +99,6 @@ mod tests {
             assert_eq!(d.name().parse::<DType>().unwrap(), d);
             assert_eq!(DType::ALL[d.index()], d);
         }
-        assert!("f64".parse::<DType>().is_err());
+        assert!("f64".parse::<DType>().unwrap_err().contains("bf16"));
     }
 }

@@ -34,7 +34,7 @@ impl std::fmt::Display for BarrierPhase {
 /// Everything that can go wrong. Bad input is reported before anything is launched, so an
 /// error from [`crate::Communicator::all_reduce`] never leaves a half-written output behind
 /// (except [`Error::PeerTimeout`], whose output contents are documented there).
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// `libcuda` could not be loaded.
@@ -163,21 +163,33 @@ pub enum Error {
     },
 
     /// Setup failed on some rank; every rank returns this (or its own error) together.
-    #[error("setup step '{step}' failed on rank {rank}: {reason}")]
+    #[error("setup step '{step}' failed {}: {reason}", on_rank(*.rank))]
     PeerSetupFailed {
         /// The collective setup step.
         step: &'static str,
-        /// The first rank that reported the failure.
-        rank: usize,
+        /// The first rank that reported the failure (`None`: not attributable to one rank,
+        /// e.g. a malformed message or a setup thread that panicked).
+        rank: Option<usize>,
         /// That rank's error.
         reason: String,
     },
 
     /// A previous failure made the communicator unusable.
-    #[error("the communicator is unusable after an earlier failure ({reason}); create a new one")]
+    #[error("the communicator is unusable after an earlier failure ({cause}); create a new one")]
     Poisoned {
-        /// The earlier failure.
-        reason: String,
+        /// The earlier failure (a [`Error::PeerTimeout`], a [`Error::KernelFault`], ...).
+        #[source]
+        cause: Box<Error>,
+    },
+
+    /// A kernel wrote an error code this version does not know into the error word.
+    #[error(
+        "a kernel reported error code {code:#x}, which this version of symm-allreduce does not know: every rank \
+         must run the same build"
+    )]
+    KernelFault {
+        /// The raw error word.
+        code: u32,
     },
 
     /// NCCL reported an error (fallback, bootstrap, or loading the library).
@@ -228,6 +240,24 @@ pub enum Error {
     },
 }
 
+fn on_rank(rank: Option<usize>) -> String {
+    match rank {
+        Some(r) => format!("on rank {r}"),
+        None => "in the group".to_string(),
+    }
+}
+
+impl Error {
+    /// A message from a peer that does not parse.
+    pub(crate) fn malformed(what: &str) -> Error {
+        Error::PeerSetupFailed {
+            step: "bootstrap",
+            rank: None,
+            reason: format!("malformed {what} message from a peer (mismatched crate versions?)"),
+        }
+    }
+}
+
 /// Result with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -260,5 +290,17 @@ mod tests {
         };
         assert!(e.to_string().contains("capacity_bytes"));
         assert!(Error::KernelsUnavailable.to_string().contains("install-nvcc"));
+        let e = Error::PeerSetupFailed {
+            step: "mapping",
+            rank: None,
+            reason: "x".into(),
+        };
+        assert!(!e.to_string().contains("18446744073709551615"), "{e}");
+        assert_eq!(e.to_string(), "setup step 'mapping' failed in the group: x");
+        let p = Error::Poisoned {
+            cause: Box::new(Error::KernelFault { code: 7 }),
+        };
+        assert!(matches!(&p, Error::Poisoned { cause } if matches!(**cause, Error::KernelFault { code: 7 })));
+        assert!(std::error::Error::source(&p).is_some());
     }
 }

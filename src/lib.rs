@@ -1,10 +1,11 @@
 //! # symm-allreduce
 //!
-//! Fast single-node all-reduce for tensor-parallel inference: one-shot and two-shot CUDA
-//! kernels over symmetric VMM buffers that every rank maps from every peer, launched through
-//! [`cudarc`]. Sums `f32`, `half::f16` and `half::bf16` with fp32 accumulation in absolute
-//! rank order, so every rank gets bit-identical output, and one-shot and two-shot agree bit
-//! for bit.
+//! Fast single-node all-reduce for tensor-parallel inference: low-latency, one-shot,
+//! two-shot and zero-copy in-place CUDA kernels over symmetric VMM buffers that every rank
+//! maps from every peer, launched through [`cudarc`], with NCCL as the fallback where they
+//! do not win. Sums `f32`, `half::f16` and `half::bf16` with fp32 accumulation in absolute
+//! rank order, so every rank gets bit-identical output, and every peer-kernel algorithm gives
+//! the same bits.
 //!
 //! ```no_run
 //! use symm_allreduce::{Communicator, Config};
@@ -26,36 +27,38 @@
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
-#![warn(missing_docs)]
 
+mod backend;
 mod bootstrap;
 mod communicator;
+mod config;
 mod driver;
 mod dtype;
 mod error;
 mod kernels;
-mod nvtx;
+mod nccl;
 mod plan;
+mod setup;
 mod symmetric;
 mod topology;
+mod wire;
 
 #[doc(hidden)]
-pub use bootstrap::{nccl::gather_fds_over_abstract_sockets as __exchange_fds, wire as __wire};
+pub use bootstrap::{fds::gather_fds_over_abstract_sockets as __exchange_fds, frames as __wire};
 pub use bootstrap::{
-    nccl_library, nccl_teardown_failures, Bootstrap, LocalHub, NcclBootstrap, NcclLibraryInfo, PeerCheck,
-    PeerCredentials, SocketStore, StoreAddress, StoreOptions,
+    Bootstrap, LocalHub, NcclBootstrap, PeerCheck, PeerCredentials, SocketStore, StoreAddress, StoreOptions,
 };
 pub use communicator::{Communicator, LOG_ENV};
+pub use config::{validate_world, Algorithm, Config};
 pub use driver::probe::{context, device_count};
 pub use dtype::{DType, Element};
 pub use error::{BarrierPhase, Error, Result};
+pub use kernels::abi::MAX_RANKS;
 pub use kernels::{embedded_ptx, kernels_available, ptxas_report};
-pub use plan::{
-    decide_path, plan_all_reduce, validate_call, validate_world, Algorithm, CallShape, Config, Limits,
-    PathDecision, PathFacts, Plan, MAX_BLOCKS, MAX_RANKS, THREADS_PER_BLOCK,
-};
+pub use nccl::{nccl_library, nccl_teardown_failures, NcclLibraryInfo};
+pub use plan::{Limits, PathDecision, Plan};
 pub use symmetric::Layout;
-pub use topology::{nvml_uuid_string, LinkKind, PeerDecision, PeerLink, RankPlacement, Topology};
+pub use topology::{LinkKind, PeerDecision, PeerLink, RankPlacement, Topology};
 
 /// Re-export of the cudarc this crate is built against (use its types for streams and
 /// buffers so that they match).

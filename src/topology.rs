@@ -6,10 +6,11 @@
 //! `libnvidia-ml.so.1` loads), the rows are all-gathered, and every rank evaluates the same
 //! pure [`Topology::decide`] on the same table, so all ranks reach the same verdict.
 
-use std::ffi::{c_char, c_int, c_void, CString};
-use std::sync::OnceLock;
+use cudarc::driver::{sys, CudaContext};
 
-use cudarc::driver::{result, sys, CudaContext};
+use crate::driver::nvml;
+use crate::driver::p2p::{can_access_peer, p2p_attribute, visible_devices};
+use crate::wire::{Reader, Writer};
 
 /// How two ranks' devices are connected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -199,7 +200,7 @@ impl Topology {
             s += &format!(
                 "rank {r}: device {} ({}) on {}\n",
                 p.ordinal,
-                nvml_uuid_string(&p.device_uuid),
+                nvml::nvml_uuid_string(&p.device_uuid),
                 p.host
             );
         }
@@ -233,54 +234,71 @@ impl Topology {
 
 const LINK_BYTES: usize = 12;
 
-/// Encodes one rank's links for the all-gather.
-pub(crate) fn encode_links(links: &[PeerLink]) -> Vec<u8> {
-    let tri = |v: Option<bool>| match v {
-        None => -1i8,
-        Some(false) => 0,
-        Some(true) => 1,
-    } as u8;
-    let mut b = Vec::with_capacity(links.len() * LINK_BYTES);
-    for l in links {
-        b.push(l.from as u8);
-        b.push(l.to as u8);
-        b.push(tri(l.access));
-        b.push(tri(l.native_atomics));
-        b.extend_from_slice(&l.performance_rank.unwrap_or(i32::MIN).to_le_bytes());
-        b.push(l.link.code());
-        b.extend_from_slice(&[0, 0, 0]);
+/// `Option<bool>` as one byte: 0, 1, or 0xff for unknown.
+fn tri(v: Option<bool>) -> u8 {
+    match v {
+        None => 0xff,
+        Some(b) => b as u8,
     }
-    b
+}
+
+fn untri(v: u8) -> Option<bool> {
+    match v {
+        0 => Some(false),
+        1 => Some(true),
+        _ => None,
+    }
+}
+
+/// Encodes one rank's links for the all-gather: per link `from: u8 | to: u8 | access: u8 |
+/// native atomics: u8 | performance rank: i32 (i32::MIN: unknown) | link kind: u8 | 3 zero
+/// bytes`.
+pub(crate) fn encode_links(links: &[PeerLink]) -> Vec<u8> {
+    let mut w = Writer::with_capacity(links.len() * LINK_BYTES);
+    for l in links {
+        w.put(&(l.from as u8))
+            .put(&(l.to as u8))
+            .put(&tri(l.access))
+            .put(&tri(l.native_atomics))
+            .put(&(l.performance_rank.unwrap_or(i32::MIN) as u32))
+            .put(&l.link.code())
+            .put(&[0u8; 3]);
+    }
+    w.finish()
 }
 
 pub(crate) fn decode_links(b: &[u8], world: usize) -> Result<Vec<PeerLink>, String> {
     if b.len() % LINK_BYTES != 0 {
         return Err("malformed topology row (mismatched crate versions?)".into());
     }
-    let tri = |v: u8| match v as i8 {
-        0 => Some(false),
-        1 => Some(true),
-        _ => None,
-    };
-    b.chunks(LINK_BYTES)
-        .map(|c| {
-            let (from, to) = (c[0] as usize, c[1] as usize);
-            if from >= world || to >= world {
-                return Err(format!(
-                    "topology row names rank {from} -> {to} in a world of {world}"
-                ));
-            }
-            let perf = i32::from_le_bytes(c[4..8].try_into().expect("4 bytes"));
-            Ok(PeerLink {
-                from,
-                to,
-                access: tri(c[2]),
-                native_atomics: tri(c[3]),
-                performance_rank: (perf != i32::MIN).then_some(perf),
-                link: LinkKind::from_code(c[8]),
-            })
-        })
-        .collect()
+    let mut r = Reader::new(b);
+    let mut links = Vec::with_capacity(b.len() / LINK_BYTES);
+    while !r.is_empty() {
+        let malformed = || "malformed topology row".to_string();
+        let (from, to) = (
+            r.take::<u8>().ok_or_else(malformed)? as usize,
+            r.take::<u8>().ok_or_else(malformed)? as usize,
+        );
+        if from >= world || to >= world {
+            return Err(format!(
+                "topology row names rank {from} -> {to} in a world of {world}"
+            ));
+        }
+        let access = untri(r.take().ok_or_else(malformed)?);
+        let native_atomics = untri(r.take().ok_or_else(malformed)?);
+        let perf = r.take::<u32>().ok_or_else(malformed)? as i32;
+        let link = LinkKind::from_code(r.take().ok_or_else(malformed)?);
+        r.take::<[u8; 3]>().ok_or_else(malformed)?;
+        links.push(PeerLink {
+            from,
+            to,
+            access,
+            native_atomics,
+            performance_rank: (perf != i32::MIN).then_some(perf),
+            link,
+        });
+    }
+    Ok(links)
 }
 
 // ---- Probing -------------------------------------------------------------------------------
@@ -340,7 +358,12 @@ pub(crate) fn probe_links(ctx: &CudaContext, rank: usize, ranks: &[RankPlacement
                 link.link = LinkKind::SameDevice;
                 return link;
             }
-            let (nvml_access, nvml_kind) = nvml_pair(&me.device_uuid, &peer.device_uuid);
+            let pair = nvml::pair(&me.device_uuid, &peer.device_uuid);
+            let nvml_kind = match pair.nvlink {
+                Some(true) => LinkKind::NvLink,
+                Some(false) => LinkKind::Pcie,
+                None => LinkKind::Unknown,
+            };
             if let Some(&(_, dev)) = visible.iter().find(|(uuid, _)| *uuid == peer.device_uuid) {
                 let attr = |a| p2p_attribute(ctx.cu_device(), dev, a);
                 link.access = attr(sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED)
@@ -354,7 +377,7 @@ pub(crate) fn probe_links(ctx: &CudaContext, rank: usize, ranks: &[RankPlacement
                     link.access = Some(false);
                 }
             } else {
-                link.access = nvml_access;
+                link.access = pair.access;
             }
             link.link = match (nvml_kind, link.access) {
                 (LinkKind::NvLink, _) => LinkKind::NvLink,
@@ -364,126 +387,6 @@ pub(crate) fn probe_links(ctx: &CudaContext, rank: usize, ranks: &[RankPlacement
             link
         })
         .collect()
-}
-
-/// (UUID, handle) of every device this process sees.
-fn visible_devices() -> Vec<([u8; 16], sys::CUdevice)> {
-    let count = result::device::get_count().unwrap_or(0);
-    (0..count)
-        .filter_map(|i| {
-            let dev = result::device::get(i).ok()?;
-            let uuid = result::device::get_uuid(dev).ok()?;
-            Some((uuid.bytes.map(|b| b as u8), dev))
-        })
-        .collect()
-}
-
-fn p2p_attribute(
-    src: sys::CUdevice,
-    dst: sys::CUdevice,
-    attribute: sys::CUdevice_P2PAttribute,
-) -> Option<i32> {
-    let mut value: c_int = 0;
-    // SAFETY: valid out-pointer; both handles come from cuDeviceGet.
-    let code = unsafe { sys::cuDeviceGetP2PAttribute(&mut value, attribute, src, dst) };
-    (code == sys::CUresult::CUDA_SUCCESS).then_some(value)
-}
-
-fn can_access_peer(src: sys::CUdevice, dst: sys::CUdevice) -> bool {
-    let mut can: c_int = 0;
-    // SAFETY: valid out-pointer; both handles come from cuDeviceGet.
-    let code = unsafe { sys::cuDeviceCanAccessPeer(&mut can, src, dst) };
-    code == sys::CUresult::CUDA_SUCCESS && can != 0
-}
-
-/// NVML's spelling of a device UUID: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
-pub fn nvml_uuid_string(uuid: &[u8; 16]) -> String {
-    let h = |r: std::ops::Range<usize>| uuid[r].iter().map(|b| format!("{b:02x}")).collect::<String>();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        h(0..4),
-        h(4..6),
-        h(6..8),
-        h(8..10),
-        h(10..16)
-    )
-}
-
-type NvmlHandleByUuidFn = unsafe extern "C" fn(*const c_char, *mut *mut c_void) -> c_int;
-type NvmlP2pStatusFn = unsafe extern "C" fn(*mut c_void, *mut c_void, c_int, *mut c_int) -> c_int;
-
-/// nvml.h: `NVML_P2P_CAPS_INDEX_READ`, `NVML_P2P_CAPS_INDEX_NVLINK`, `NVML_P2P_STATUS_OK`.
-const NVML_P2P_READ: c_int = 0;
-const NVML_P2P_NVLINK: c_int = 2;
-const NVML_P2P_OK: c_int = 0;
-
-struct Nvml {
-    handle_by_uuid: NvmlHandleByUuidFn,
-    p2p_status: NvmlP2pStatusFn,
-    _library: libloading::Library,
-}
-
-/// NVML, initialised once per process, or `None` where it is not installed.
-fn nvml() -> Option<&'static Nvml> {
-    static NVML: OnceLock<Option<Nvml>> = OnceLock::new();
-    NVML.get_or_init(|| {
-        for name in ["libnvidia-ml.so.1", "libnvidia-ml.so"] {
-            // SAFETY: loading NVML runs its initialisers, which have no preconditions.
-            let Ok(library) = (unsafe { libloading::Library::new(name) }) else {
-                continue;
-            };
-            // The three lookups use the signatures of nvml.h (enums as int, handles as
-            // pointers).
-            // SAFETY: `nvmlReturn_t nvmlInit_v2(void)`.
-            let init = unsafe { library.get::<unsafe extern "C" fn() -> c_int>("nvmlInit_v2") }.ok()?;
-            // SAFETY: as above.
-            let handle_by_uuid =
-                *unsafe { library.get::<NvmlHandleByUuidFn>("nvmlDeviceGetHandleByUUID") }.ok()?;
-            // SAFETY: as above.
-            let p2p_status = *unsafe { library.get::<NvmlP2pStatusFn>("nvmlDeviceGetP2PStatus") }.ok()?;
-            // SAFETY: nvmlInit_v2 takes no arguments; it is reference-counted, and this
-            // process keeps NVML initialised for its lifetime.
-            if unsafe { init() } != 0 {
-                return None;
-            }
-            return Some(Nvml {
-                handle_by_uuid,
-                p2p_status,
-                _library: library,
-            });
-        }
-        None
-    })
-    .as_ref()
-}
-
-/// NVML's view of a pair: (P2P read access, NVLink or PCIe).
-fn nvml_pair(a: &[u8; 16], b: &[u8; 16]) -> (Option<bool>, LinkKind) {
-    let Some(nvml) = nvml() else {
-        return (None, LinkKind::Unknown);
-    };
-    let handle = |uuid: &[u8; 16]| -> Option<*mut c_void> {
-        let name = CString::new(nvml_uuid_string(uuid)).ok()?;
-        let mut h: *mut c_void = std::ptr::null_mut();
-        // SAFETY: NUL-terminated UUID string and a valid out-pointer.
-        let code = unsafe { (nvml.handle_by_uuid)(name.as_ptr(), &mut h) };
-        (code == 0).then_some(h)
-    };
-    let (Some(ha), Some(hb)) = (handle(a), handle(b)) else {
-        return (None, LinkKind::Unknown);
-    };
-    let status = |index: c_int| -> Option<bool> {
-        let mut s: c_int = -1;
-        // SAFETY: handles from nvmlDeviceGetHandleByUUID, valid out-pointer.
-        let code = unsafe { (nvml.p2p_status)(ha, hb, index, &mut s) };
-        (code == 0).then_some(s == NVML_P2P_OK)
-    };
-    let kind = match status(NVML_P2P_NVLINK) {
-        Some(true) => LinkKind::NvLink,
-        Some(false) => LinkKind::Pcie,
-        None => LinkKind::Unknown,
-    };
-    (status(NVML_P2P_READ), kind)
 }
 
 #[cfg(test)]

@@ -58,13 +58,13 @@ impl LocalHub {
             .transpose()
             .map_err(|e| Error::PeerSetupFailed {
                 step: "bootstrap",
-                rank: self.rank,
+                rank: Some(self.rank),
                 reason: format!("dup of a file descriptor failed: {e}"),
             })?;
         let (lock, cv) = &*self.shared;
         let poisoned = || Error::PeerSetupFailed {
             step: "bootstrap",
-            rank: self.rank,
+            rank: Some(self.rank),
             reason: "another rank's thread panicked during setup".into(),
         };
         let mut round = lock.lock().map_err(|_| poisoned())?;
@@ -89,7 +89,7 @@ impl LocalHub {
                 if left.is_zero() {
                     return Err(Error::PeerSetupFailed {
                         step: "bootstrap",
-                        rank: self.rank,
+                        rank: Some(self.rank),
                         reason: format!(
                             "waited {:?} for the other ranks to reach the same setup step",
                             self.timeout
@@ -101,7 +101,7 @@ impl LocalHub {
             if round.generation != generation + 1 {
                 return Err(Error::PeerSetupFailed {
                     step: "bootstrap",
-                    rank: self.rank,
+                    rank: Some(self.rank),
                     reason: "fell a whole round behind the other ranks".into(),
                 });
             }
@@ -111,7 +111,7 @@ impl LocalHub {
             fds.push(match f {
                 Some(f) => Some(f.try_clone().map_err(|e| Error::PeerSetupFailed {
                     step: "bootstrap",
-                    rank: self.rank,
+                    rank: Some(self.rank),
                     reason: format!("dup of a file descriptor failed: {e}"),
                 })?),
                 None => None,
@@ -141,7 +141,7 @@ impl Bootstrap for LocalHub {
             .map(|(rank, f)| {
                 f.ok_or(Error::PeerSetupFailed {
                     step: "bootstrap",
-                    rank,
+                    rank: Some(rank),
                     reason: "contributed no file descriptor".into(),
                 })
             })

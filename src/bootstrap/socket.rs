@@ -24,15 +24,15 @@ use rustix::net::{
     SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
 };
 
-pub(crate) use super::wire::Kind;
-use super::wire::{
+pub(crate) use super::frames::Kind;
+use super::frames::{
     self, check_descriptors, check_sequence, decode_abort, decode_gathered, decode_header, decode_hello,
     encode_abort as abort_payload, encode_gathered, encode_header, encode_hello, split_secret, Header,
     Secret, StoreOptions, HEADER_BYTES, MAX_FRAME_BYTES, MAX_HELLO_BYTES,
 };
 use super::Bootstrap;
 use crate::error::{Error, Result};
-use crate::plan::MAX_RANKS;
+use crate::kernels::abi::MAX_RANKS;
 
 /// Where rank 0 of a [`SocketStore`] listens.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -72,7 +72,7 @@ impl StoreAddress {
     /// This address with a fresh launch secret (replacing any it had): `…#<32 hex digits>`.
     /// Fails only if the operating system's random source does.
     pub fn with_secret(self) -> Result<StoreAddress> {
-        let secret = hex::encode(wire::random_secret().map_err(|e| Error::Bootstrap {
+        let secret = hex::encode(frames::random_secret().map_err(|e| Error::Bootstrap {
             reason: format!("no random launch secret: {e}"),
         })?);
         Ok(match self {
@@ -244,7 +244,7 @@ impl SocketStore {
         if let Some((rank, reason)) = self.broken.borrow().as_ref() {
             return Err(Error::PeerSetupFailed {
                 step: "socket store",
-                rank: *rank,
+                rank: Some(*rank),
                 reason: format!("the store failed earlier: {reason}"),
             });
         }
@@ -265,7 +265,7 @@ impl SocketStore {
         *self.broken.borrow_mut() = Some((rank, reason.clone()));
         Error::PeerSetupFailed {
             step: "socket store",
-            rank,
+            rank: Some(rank),
             reason,
         }
     }
@@ -287,7 +287,7 @@ impl SocketStore {
             *self.broken.borrow_mut() = Some((rank, reason.clone()));
             return Error::PeerSetupFailed {
                 step: "socket store",
-                rank,
+                rank: Some(rank),
                 reason,
             };
         }
@@ -459,7 +459,7 @@ fn accept_all(
                     abort_all(&peers, missing[0], &reason);
                     return Err(Error::PeerSetupFailed {
                         step: "socket store",
-                        rank: missing[0],
+                        rank: Some(missing[0]),
                         reason,
                     });
                 }
@@ -473,7 +473,7 @@ fn accept_all(
             }
         };
         // Another user's process is refused before a byte is read from it.
-        if let Err(why) = wire::admit(&stream, options) {
+        if let Err(why) = frames::admit(&stream, options) {
             refused.push(why);
             continue;
         }
@@ -517,7 +517,7 @@ fn accept_all(
             abort_all(&peers, rank.min(world - 1), &reason);
             return Err(Error::PeerSetupFailed {
                 step: "socket store",
-                rank: rank.min(world - 1),
+                rank: Some(rank.min(world - 1)),
                 reason,
             });
         }
@@ -583,7 +583,7 @@ fn connect(
                 if Instant::now() >= deadline {
                     return Err(Error::PeerSetupFailed {
                         step: "socket store",
-                        rank: 0,
+                        rank: Some(0),
                         reason: format!(
                             "rank {rank} could not reach rank 0 at {shown} within {timeout:?} ({e}): is rank 0 \
                              running, with the same address?"
@@ -600,13 +600,13 @@ fn connect(
         }
     };
     // The secret goes only to a listener of an admitted user.
-    wire::admit(&stream, options).map_err(|why| Error::PeerRefused {
+    frames::admit(&stream, options).map_err(|why| Error::PeerRefused {
         reason: format!("the process listening on {shown} is not admitted ({why}); nothing was sent to it"),
     })?;
     let hello = encode_hello(rank, world, secret);
     write_frame(&stream, Kind::Hello, 0, &hello, deadline).map_err(|e| Error::PeerSetupFailed {
         step: "socket store",
-        rank: 0,
+        rank: Some(0),
         reason: describe_io(0, &e, timeout),
     })?;
     Ok(stream)
@@ -738,7 +738,7 @@ pub(crate) fn read_frame_bounded(
         read_exact_by(stream, &mut payload[at..], deadline, &mut fds)?;
     }
     if fds.len() > max_fds {
-        return Err(io::Error::other(wire::WireError::UnexpectedDescriptors {
+        return Err(io::Error::other(frames::WireError::UnexpectedDescriptors {
             got: fds.len(),
             expected: max_fds,
         }));
@@ -823,9 +823,9 @@ pub(crate) fn recv_frame_with_fds(
 /// 16 bytes that make a socket *name* unique: from the OS (`getrandom`), degrading to time
 /// and pid if the OS generator fails (it does not on any supported Linux). Names are public
 /// (`/proc/net/unix`), so this is never used for a secret or token: those come from
-/// [`wire::random_secret`], which fails instead.
+/// [`frames::random_secret`], which fails instead.
 pub(crate) fn random_token() -> [u8; 16] {
-    wire::random_secret().unwrap_or_else(|_| {
+    frames::random_secret().unwrap_or_else(|_| {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
@@ -875,7 +875,7 @@ mod tests {
         bad[0] ^= 1;
         assert_eq!(
             decode_header(&bad, MAX_FRAME_BYTES),
-            Err(wire::WireError::BadMagic)
+            Err(frames::WireError::BadMagic)
         );
         let mut bad = encode_header(h);
         bad[4] = 99;

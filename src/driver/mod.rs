@@ -1,7 +1,12 @@
-//! Raw driver calls (VMM, host-mapped memory, the driver probe), each owned by an RAII type.
-//! All of the crate's `unsafe` FFI lives here, behind safe types.
+//! Raw driver calls, each owned by an RAII type or behind a small function: VMM
+//! allocations and mappings, host-mapped memory, the driver probe, peer access, NVML and the
+//! NVTX shim. With `nccl/library.rs` and `kernels/launch.rs`, the only places of the crate
+//! that call C (a CPU test, `tests/house.rs`, checks it).
 
 pub(crate) mod host;
+pub(crate) mod nvml;
+pub(crate) mod nvtx;
+pub(crate) mod p2p;
 pub(crate) mod probe;
 pub(crate) mod vmm;
 

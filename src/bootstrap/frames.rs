@@ -11,6 +11,8 @@
 use std::os::fd::AsFd;
 use std::sync::OnceLock;
 
+use crate::wire::{Reader, Wire, Writer};
+
 /// The protocol version every frame header carries; a peer with another is refused.
 pub const PROTOCOL_VERSION: u16 = 2;
 /// `magic: u32 | kind: u16 | version: u16 | seq: u64 | payload length: u64`, little-endian.
@@ -166,27 +168,20 @@ pub struct Header {
     pub len: u64,
 }
 
-fn word(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
-}
-
-fn half(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))
-}
-
-fn long(b: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+/// The `T` at byte `at` of `b`.
+fn at<T: Wire>(b: &[u8], at: usize) -> Option<T> {
+    Reader::new(b.get(at..)?).take()
 }
 
 /// The header's bytes.
 pub fn encode_header(h: Header) -> [u8; HEADER_BYTES] {
-    let mut b = [0u8; HEADER_BYTES];
-    b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-    b[4..6].copy_from_slice(&(h.kind as u16).to_le_bytes());
-    b[6..8].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
-    b[8..16].copy_from_slice(&h.seq.to_le_bytes());
-    b[16..24].copy_from_slice(&h.len.to_le_bytes());
-    b
+    let mut w = Writer::with_capacity(HEADER_BYTES);
+    w.put(&MAGIC)
+        .put(&(h.kind as u16))
+        .put(&PROTOCOL_VERSION)
+        .put(&h.seq)
+        .put(&h.len);
+    w.finish().try_into().unwrap_or([0; HEADER_BYTES])
 }
 
 /// Parses a header, refusing payloads over `max` bytes.
@@ -201,25 +196,25 @@ pub fn decode_header(b: &[u8], max: usize) -> Result<Header, WireError> {
         needed: HEADER_BYTES,
         got: b.len(),
     };
-    if word(b, 0).ok_or(truncated.clone())? != MAGIC {
+    if at::<u32>(b, 0).ok_or(truncated.clone())? != MAGIC {
         return Err(WireError::BadMagic);
     }
-    let version = half(b, 6).ok_or(truncated.clone())?;
+    let version = at::<u16>(b, 6).ok_or(truncated.clone())?;
     if version != PROTOCOL_VERSION {
         return Err(WireError::WrongVersion {
             got: version,
             expected: PROTOCOL_VERSION,
         });
     }
-    let code = half(b, 4).ok_or(truncated.clone())?;
+    let code = at::<u16>(b, 4).ok_or(truncated.clone())?;
     let kind = Kind::from_code(code).ok_or(WireError::UnknownKind(code))?;
-    let len = long(b, 16).ok_or(truncated.clone())?;
+    let len = at::<u64>(b, 16).ok_or(truncated.clone())?;
     if len > max as u64 {
         return Err(WireError::Oversized { len, max });
     }
     Ok(Header {
         kind,
-        seq: long(b, 8).ok_or(truncated)?,
+        seq: at::<u64>(b, 8).ok_or(truncated)?,
         len,
     })
 }
@@ -256,11 +251,9 @@ pub fn secrets_match(a: &Secret, b: &[u8]) -> bool {
 
 /// A leaf's hello.
 pub fn encode_hello(rank: usize, world: usize, secret: &Secret) -> Vec<u8> {
-    let mut b = Vec::with_capacity(HELLO_BYTES);
-    b.extend_from_slice(&(rank as u32).to_le_bytes());
-    b.extend_from_slice(&(world as u32).to_le_bytes());
-    b.extend_from_slice(secret);
-    b
+    let mut w = Writer::with_capacity(HELLO_BYTES);
+    w.put(&(rank as u32)).put(&(world as u32)).put(secret);
+    w.finish()
 }
 
 /// Parses a hello and proves its secret; returns the peer's (rank, world).
@@ -280,25 +273,24 @@ pub fn decode_hello(b: &[u8], secret: &Secret) -> Result<(usize, usize), WireErr
     }
     let bad = WireError::Malformed { what: "hello" };
     Ok((
-        word(b, 0).ok_or(bad.clone())? as usize,
-        word(b, 4).ok_or(bad)? as usize,
+        at::<u32>(b, 0).ok_or(bad.clone())? as usize,
+        at::<u32>(b, 4).ok_or(bad)? as usize,
     ))
 }
 
 /// `count: u32`, then per rank `length: u64 | bytes`.
 pub fn encode_gathered(parts: &[Vec<u8>]) -> Vec<u8> {
-    let mut b = Vec::with_capacity(4 + parts.iter().map(|p| p.len() + 8).sum::<usize>());
-    b.extend_from_slice(&(parts.len() as u32).to_le_bytes());
+    let mut w = Writer::with_capacity(4 + parts.iter().map(|p| p.len() + 8).sum::<usize>());
+    w.put(&(parts.len() as u32));
     for p in parts {
-        b.extend_from_slice(&(p.len() as u64).to_le_bytes());
-        b.extend_from_slice(p);
+        w.put(&(p.len() as u64)).raw(p);
     }
-    b
+    w.finish()
 }
 
 /// Parses rank 0's all-gather answer for a world of `world`.
 pub fn decode_gathered(b: &[u8], world: usize) -> Result<Vec<Vec<u8>>, WireError> {
-    let count = word(b, 0).ok_or(WireError::Truncated {
+    let count = at::<u32>(b, 0).ok_or(WireError::Truncated {
         needed: 4,
         got: b.len(),
     })? as usize;
@@ -311,7 +303,7 @@ pub fn decode_gathered(b: &[u8], world: usize) -> Result<Vec<Vec<u8>>, WireError
     // First the lengths (no allocation), then the copies: never more than `b.len()` bytes.
     let mut at = 4usize;
     for _ in 0..count {
-        let len = long(b, at).ok_or(bad.clone())?;
+        let len = self::at::<u64>(b, at).ok_or(bad.clone())?;
         at = at
             .checked_add(8)
             .and_then(|a| a.checked_add(usize::try_from(len).ok()?))
@@ -321,10 +313,10 @@ pub fn decode_gathered(b: &[u8], world: usize) -> Result<Vec<Vec<u8>>, WireError
     if at != b.len() {
         return Err(bad);
     }
-    let mut parts = Vec::with_capacity(count.min(crate::plan::MAX_RANKS));
+    let mut parts = Vec::with_capacity(count.min(crate::kernels::abi::MAX_RANKS));
     let mut at = 4usize;
     for _ in 0..count {
-        let len = long(b, at).ok_or(bad.clone())? as usize;
+        let len = self::at::<u64>(b, at).ok_or(bad.clone())? as usize;
         at += 8;
         parts.push(b.get(at..at + len).ok_or(bad.clone())?.to_vec());
         at += len;
@@ -334,14 +326,14 @@ pub fn decode_gathered(b: &[u8], world: usize) -> Result<Vec<Vec<u8>>, WireError
 
 /// An abort frame's payload.
 pub fn encode_abort(rank: usize, reason: &str) -> Vec<u8> {
-    let mut payload = (rank as u32).to_le_bytes().to_vec();
-    payload.extend_from_slice(reason.as_bytes());
-    payload
+    let mut w = Writer::with_capacity(4 + reason.len());
+    w.put(&(rank as u32)).raw(reason.as_bytes());
+    w.finish()
 }
 
 /// Parses an abort frame's payload: the failing rank and why.
 pub fn decode_abort(payload: &[u8]) -> Result<(usize, String), WireError> {
-    let rank = word(payload, 0).ok_or(WireError::Truncated {
+    let rank = at::<u32>(payload, 0).ok_or(WireError::Truncated {
         needed: 4,
         got: payload.len(),
     })?;
@@ -353,9 +345,9 @@ pub fn decode_abort(payload: &[u8]) -> Result<(usize, String), WireError> {
 
 /// The fd exchange's offer: who sends, proved by the receiver's token.
 pub fn encode_offer(rank: usize, token: &Secret) -> Vec<u8> {
-    let mut b = (rank as u32).to_le_bytes().to_vec();
-    b.extend_from_slice(token);
-    b
+    let mut w = Writer::with_capacity(OFFER_BYTES);
+    w.put(&(rank as u32)).put(token);
+    w.finish()
 }
 
 /// Parses an offer sent to `me` (of `world`) and proves its token; returns the sender.
@@ -369,7 +361,7 @@ pub fn decode_offer(b: &[u8], token: &Secret, me: usize, world: usize) -> Result
     if !secrets_match(token, &b[4..]) {
         return Err(WireError::WrongSecret);
     }
-    let q = word(b, 0).ok_or(WireError::Malformed { what: "offer" })? as usize;
+    let q = at::<u32>(b, 0).ok_or(WireError::Malformed { what: "offer" })? as usize;
     if q >= world || q == me {
         return Err(WireError::BadRank { rank: q, world });
     }
@@ -378,7 +370,9 @@ pub fn decode_offer(b: &[u8], token: &Secret, me: usize, world: usize) -> Result
 
 /// A rank's announcement in the fd exchange: `1 | token | socket name`, or `0 | why not`.
 pub fn encode_announce(token: &Secret, name: &str) -> Vec<u8> {
-    [&[1u8][..], token, name.as_bytes()].concat()
+    let mut w = Writer::with_capacity(1 + SECRET_BYTES + name.len());
+    w.put(&1u8).put(token).raw(name.as_bytes());
+    w.finish()
 }
 
 /// Parses an announcement: the peer's token and socket name, or the peer's failure.

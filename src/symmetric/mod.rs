@@ -1,5 +1,7 @@
 //! The symmetric workspace: one VMM allocation per rank, every rank's allocation mapped into
-//! every rank's address space at `base + q·stride`.
+//! every rank's address space at `base + q·stride`. [`Layout`] says where everything lies;
+//! [`Workspace`] establishes the mappings over a bootstrap (export, exchange, import, map).
+//! A multicast object over the same allocations would be a sibling room.
 //!
 //! Layout of each rank's allocation (offsets shared with the kernels through `SymmArgs`):
 //!
@@ -13,9 +15,11 @@
 //! ...      low-latency slots: [parity 2][source rank W] × ll_slot_bytes of 16-byte lines
 //! ```
 
-use crate::driver::vmm::{self, Allocation, PeerMapping};
-use crate::error::Result;
-use crate::plan::MAX_BLOCKS;
+mod workspace;
+
+pub(crate) use workspace::{allocate, Workspace};
+
+use crate::kernels::abi::MAX_BLOCKS;
 
 pub(crate) const SIGNAL_OFFSET: usize = 0;
 pub(crate) const SIGNAL_PHASES: usize = 3;
@@ -65,64 +69,6 @@ impl Layout {
     /// Offset of the symmetric buffer inside each rank's allocation.
     pub fn symmetric_offset(&self) -> usize {
         DATA_OFFSET + 2 * self.data_bytes
-    }
-}
-
-/// One rank's view of the workspace. Field order is drop order: the mapping goes first,
-/// then the imported peer handles, then this rank's own allocation.
-#[derive(Debug)]
-pub(crate) struct Workspace {
-    mapping: PeerMapping,
-    _peers: Vec<Allocation>,
-    _own: Allocation,
-    layout: Layout,
-}
-
-impl Workspace {
-    /// Maps `own` and the peers' allocations (indexed by rank, `None` at `rank`) for
-    /// `device`, and zeroes this rank's signal pad and call state.
-    pub(crate) fn map(
-        rank: usize,
-        own: Allocation,
-        peers: Vec<(usize, Allocation)>,
-        layout: Layout,
-        device: usize,
-    ) -> Result<Self> {
-        let world = peers.len() + 1;
-        let mut order: Vec<&Allocation> = Vec::with_capacity(world);
-        for q in 0..world {
-            if q == rank {
-                order.push(&own);
-            } else {
-                let (_, a) = peers
-                    .iter()
-                    .find(|(r, _)| *r == q)
-                    .expect("one allocation per peer rank");
-                order.push(a);
-            }
-        }
-        let mapping = PeerMapping::new(&order, layout.alloc_bytes, device)?;
-        drop(order);
-        vmm::zero(mapping.base() + (rank * layout.alloc_bytes) as u64, DATA_OFFSET)?;
-        Ok(Workspace {
-            mapping,
-            _peers: peers.into_iter().map(|(_, a)| a).collect(),
-            _own: own,
-            layout,
-        })
-    }
-
-    pub(crate) fn base(&self) -> u64 {
-        self.mapping.base()
-    }
-
-    pub(crate) fn layout(&self) -> Layout {
-        self.layout
-    }
-
-    /// This rank's symmetric buffer, in this rank's address space.
-    pub(crate) fn symmetric_buffer(&self, rank: usize) -> u64 {
-        self.base() + (rank * self.layout.alloc_bytes + self.layout.symmetric_offset()) as u64
     }
 }
 

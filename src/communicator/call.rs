@@ -1,0 +1,215 @@
+//! One call: validate once, route, run on the chosen backend. Nothing on this path
+//! allocates or formats text unless the call is refused (or NVTX is on).
+
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
+
+use super::{Communicator, Paths};
+use crate::config::Algorithm;
+use crate::driver::nvtx;
+use crate::dtype::{DType, Element};
+use crate::error::{CudaResultExt, Error, Result};
+use crate::kernels::launch;
+use crate::plan::route::{CallKind, Route, Target};
+use crate::plan::validate::{validate_call, validate_lengths, validate_placement, CallShape};
+
+impl Communicator {
+    /// Sums `input` over all ranks into `output` (out of place), choosing the path by size
+    /// (see [`path`](Self::path)). All ranks must make the same sequence of calls with the
+    /// same lengths.
+    pub fn all_reduce<T: Element>(
+        &self,
+        input: &impl DevicePtr<T>,
+        output: &mut impl DevicePtrMut<T>,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        self.all_reduce_with(input, output, stream, Algorithm::Auto)
+    }
+
+    /// [`all_reduce`](Self::all_reduce) with a forced algorithm (`Auto` = the configured
+    /// choice; `Nccl` needs a fallback).
+    pub fn all_reduce_with<T: Element>(
+        &self,
+        input: &impl DevicePtr<T>,
+        output: &mut impl DevicePtrMut<T>,
+        stream: &CudaStream,
+        algorithm: Algorithm,
+    ) -> Result<()> {
+        self.check_usable()?;
+        let shape = CallShape {
+            dtype: T::DTYPE,
+            input_len: input.len(),
+            output_len: output.len(),
+            input_addr: 0,
+            output_addr: 0,
+            input_device: input.stream().context().ordinal(),
+            output_device: output.stream().context().ordinal(),
+            stream_device: stream.context().ordinal(),
+        };
+        validate_lengths(&shape)?;
+        let route = self.route(CallKind::Buffers, shape.input_len, T::DTYPE, algorithm)?;
+        let (in_ptr, _read) = input.device_ptr(stream);
+        let (out_ptr, _write) = output.device_ptr_mut(stream);
+        let shape = CallShape {
+            input_addr: in_ptr,
+            output_addr: out_ptr,
+            ..shape
+        };
+        self.run::<T>(&shape, &route, stream)
+    }
+
+    /// Sums `buffer` over all ranks in place.
+    pub fn all_reduce_in_place<T: Element>(
+        &self,
+        buffer: &mut impl DevicePtrMut<T>,
+        stream: &CudaStream,
+        algorithm: Algorithm,
+    ) -> Result<()> {
+        self.check_usable()?;
+        let len = buffer.len();
+        let device = buffer.stream().context().ordinal();
+        let stream_device = stream.context().ordinal();
+        validate_lengths(&CallShape::in_place(T::DTYPE, len, 0, device, stream_device))?;
+        let route = self.route(CallKind::Buffers, len, T::DTYPE, algorithm)?;
+        let (ptr, _write) = buffer.device_ptr_mut(stream);
+        self.run::<T>(
+            &CallShape::in_place(T::DTYPE, len, ptr, device, stream_device),
+            &route,
+            stream,
+        )
+    }
+
+    /// Device address of this rank's symmetric buffer: [`crate::Layout::data_bytes`] bytes
+    /// (at least `Config::capacity_bytes`), 16-byte aligned, mapped by every peer. Write the
+    /// data to reduce there (from your own kernel's epilogue, or with
+    /// [`copy_to_symmetric`](Self::copy_to_symmetric)), then call
+    /// [`all_reduce_symmetric`](Self::all_reduce_symmetric), which skips the copy-in. (When
+    /// every call goes to NCCL this is a plain buffer of the same size, reduced by NCCL in
+    /// place.)
+    pub fn symmetric_buffer(&self) -> u64 {
+        match &self.paths {
+            Paths::Peer { peer, .. } => peer.symmetric_buffer(),
+            Paths::NcclOnly { standin, .. } => standin.ptr(),
+        }
+    }
+
+    /// Sums the first `len` elements of every rank's symmetric buffer, in place, zero-copy:
+    /// each rank reduces a 1/W slice from all peers and writes the sum into every rank's
+    /// buffer, with a start and an end barrier. The buffer may be rewritten as soon as the
+    /// call is complete on the stream. Same bits as [`all_reduce`](Self::all_reduce). Sizes
+    /// that [`symmetric_path`](Self::symmetric_path) sends to NCCL are reduced by NCCL in
+    /// place.
+    pub fn all_reduce_symmetric<T: Element>(&self, len: usize, stream: &CudaStream) -> Result<()> {
+        self.check_usable()?;
+        let ptr = self.symmetric_buffer();
+        let shape = CallShape::in_place(T::DTYPE, len, ptr, self.device(), stream.context().ordinal());
+        validate_call(&shape, self.device(), self.config.capacity_bytes)?;
+        let route = self.route(CallKind::Symmetric, len, T::DTYPE, Algorithm::Auto)?;
+        self.run::<T>(&shape, &route, stream)
+    }
+
+    /// Copies `src` to the start of this rank's symmetric buffer (asynchronously, capturable).
+    pub fn copy_to_symmetric<T: Element>(&self, src: &impl DevicePtr<T>, stream: &CudaStream) -> Result<()> {
+        self.check_symmetric_copy::<T>(src.len(), src.stream().context().ordinal(), stream)?;
+        let (ptr, _read) = src.device_ptr(stream);
+        self.copy(self.symmetric_buffer(), ptr, src.len() * T::DTYPE.size(), stream)
+    }
+
+    /// Copies the first `dst.len()` elements of this rank's symmetric buffer into `dst`.
+    pub fn copy_from_symmetric<T: Element>(
+        &self,
+        dst: &mut impl DevicePtrMut<T>,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        self.check_symmetric_copy::<T>(dst.len(), dst.stream().context().ordinal(), stream)?;
+        let len = dst.len();
+        let (ptr, _write) = dst.device_ptr_mut(stream);
+        self.copy(ptr, self.symmetric_buffer(), len * T::DTYPE.size(), stream)
+    }
+
+    /// Lengths and devices as for a call, against the symmetric buffer's size (copies need
+    /// no alignment).
+    fn check_symmetric_copy<T: Element>(&self, len: usize, device: usize, stream: &CudaStream) -> Result<()> {
+        let shape = CallShape::in_place(T::DTYPE, len, 0, device, stream.context().ordinal());
+        validate_call(&shape, self.device(), self.layout.data_bytes)
+    }
+
+    fn copy(&self, dst: u64, src: u64, bytes: usize, stream: &CudaStream) -> Result<()> {
+        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        // SAFETY: both ranges are device memory of this rank's device: one is the symmetric
+        // buffer (or its stand-in, of the same size), the other a live cudarc buffer of
+        // `bytes` bytes; `check_symmetric_copy` validated the devices and that `bytes` fits.
+        unsafe { launch::copy(dst, src, bytes, stream) }
+    }
+
+    /// Launches the body-less kernel with exactly the grid a call of `len` elements would
+    /// use: the benchmark's floor for launch and graph-replay cost.
+    #[doc(hidden)]
+    pub fn launch_empty(
+        &self,
+        len: usize,
+        dtype: DType,
+        stream: &CudaStream,
+        algorithm: Algorithm,
+    ) -> Result<()> {
+        let peer = self.peer()?;
+        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        peer.launch_empty(self.plan(len, dtype, algorithm), stream)
+    }
+
+    /// Waits for `stream` and reports a timeout any earlier call hit (and an error NCCL
+    /// recorded, for a fallback this crate created). A peer kernel's wait is bounded by
+    /// `Config::timeout`; an NCCL call's is NCCL's own business.
+    pub fn synchronize(&self, stream: &CudaStream) -> Result<()> {
+        stream.synchronize().during("cuStreamSynchronize")?;
+        if let Ok(nccl) = self.nccl() {
+            nccl.async_error()?;
+        }
+        self.check_usable()
+    }
+
+    /// Returns the error that made this communicator unusable, if any, without a CUDA call:
+    /// the failure itself the first time it is seen, [`Error::Poisoned`] with it as the
+    /// cause afterwards.
+    pub fn check_usable(&self) -> Result<()> {
+        if let Some(cause) = self.poisoned.borrow().as_ref() {
+            return Err(Error::Poisoned {
+                cause: Box::new(cause.clone()),
+            });
+        }
+        let Paths::Peer { peer, .. } = &self.paths else {
+            return Ok(());
+        };
+        match peer.kernel_error(self.config.timeout) {
+            None => Ok(()),
+            Some(err) => {
+                *self.poisoned.borrow_mut() = Some(err.clone());
+                Err(err)
+            }
+        }
+    }
+
+    /// Validates placement for the route's target and runs it.
+    fn run<T: Element>(&self, shape: &CallShape, route: &Route, stream: &CudaStream) -> Result<()> {
+        let _range = nvtx::Range::new(|| {
+            format!(
+                "symm all_reduce {} {} {} B",
+                route.algorithm(),
+                shape.dtype,
+                route.bytes
+            )
+        });
+        match route.target {
+            Target::Kernel(kernel, plan) => {
+                validate_placement(shape, self.device(), true)?;
+                let peer = self.peer()?;
+                self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+                peer.launch(kernel, plan, shape, stream)
+            }
+            Target::Nccl => {
+                validate_placement(shape, self.device(), false)?;
+                self.nccl()?
+                    .all_reduce::<T>(shape.input_addr, shape.output_addr, shape.input_len, stream)
+            }
+        }
+    }
+}

@@ -1,0 +1,365 @@
+//! `Communicator`: one rank of an all-reduce group. The struct, its constructors (which run
+//! the collective [`crate::setup`]), accessors and the setup report; the calls are in
+//! [`call`], the in-process group in [`local_group`].
+
+mod call;
+mod local_group;
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use cudarc::driver::CudaContext;
+
+use crate::backend::nccl::{Fallback, StandIn};
+use crate::backend::peer::PeerBackend;
+use crate::bootstrap::{Bootstrap, NcclBootstrap};
+use crate::config::{Algorithm, Config};
+use crate::dtype::DType;
+use crate::error::{CudaResultExt, Error, Result};
+use crate::nccl::comm::{self, OwnedNcclComm};
+use crate::plan::explain::{explain, PathDecision};
+use crate::plan::grid::plan_all_reduce;
+use crate::plan::route::{route, CallKind, PathFacts, Route};
+use crate::plan::{Limits, Plan};
+use crate::setup::{self, setup_timeout, Established, Setup};
+use crate::symmetric::Layout;
+use crate::topology::Topology;
+
+/// Why a communicator made by [`Communicator::new`] or [`Communicator::local_group`] has no
+/// NCCL fallback.
+const NO_NCCL: &str = "the communicator was created without NCCL (Communicator::new or local_group)";
+
+/// Environment variable: when set (and not `0`), every rank prints its
+/// [`Communicator::describe`] report to stderr once set up.
+pub const LOG_ENV: &str = "SYMM_ALLREDUCE_LOG";
+
+/// The data paths a communicator has: one of its two valid states. (One value per
+/// communicator, never moved on the call path: boxing the larger variant would buy nothing.)
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
+enum Paths {
+    /// The peer kernels take the calls routed to them; NCCL, if there is a fallback, the
+    /// rest. Field order is drop order: the workspace is unmapped before NCCL is aborted.
+    Peer {
+        peer: PeerBackend,
+        nccl: std::result::Result<Fallback, String>,
+    },
+    /// Every call goes to NCCL (`why`: the peer kernels could not be set up); the stand-in
+    /// serves as the symmetric buffer.
+    NcclOnly {
+        standin: StandIn,
+        nccl: Fallback,
+        why: String,
+    },
+}
+
+/// One rank of an all-reduce group.
+///
+/// A communicator is `Send` but not `Sync`: it can move to another thread, but two threads
+/// can never drive one rank at the same time (the compiler refuses to share it):
+///
+/// ```compile_fail
+/// fn shared_between_threads<T: Sync>() {}
+/// shared_between_threads::<symm_allreduce::Communicator>();
+/// ```
+///
+/// Every call is asynchronous on the stream it is given. Calls that the peer kernels take
+/// are CUDA-graph capturable: no allocation, no host synchronisation and no driver call other
+/// than the kernel launch. Calls routed to NCCL ([`Communicator::path`] says which) are what
+/// `ncclAllReduce` is.
+#[derive(Debug)]
+pub struct Communicator {
+    // Field order is drop order: after `Drop` synchronised, the data paths go first.
+    paths: Paths,
+    ctx: Arc<CudaContext>,
+    rank: usize,
+    world: usize,
+    limits: Limits,
+    layout: Layout,
+    config: Config,
+    topology: Topology,
+    /// The failure that made the communicator unusable.
+    poisoned: RefCell<Option<Error>>,
+}
+
+impl Communicator {
+    /// Collective constructor: every rank of `bootstrap` calls this at the same time with its
+    /// own device context and the same `config`. Each step ends in a vote, so when any rank
+    /// fails, all ranks return an error (none is left waiting).
+    ///
+    /// There is no NCCL fallback (see [`Communicator::with_nccl_fallback`]): the peer kernels
+    /// take every call, so setup fails where they cannot run (no peer access, several hosts).
+    pub fn new(bootstrap: &dyn Bootstrap, ctx: Arc<CudaContext>, config: Config) -> Result<Communicator> {
+        let setup = setup::run(bootstrap, ctx, config, Err(NO_NCCL), Ok(()))?;
+        Communicator::assemble(setup, Err(NO_NCCL.to_string()))
+    }
+
+    /// Builds a communicator over an NCCL communicator the application already has (one
+    /// process per GPU, as mistral.rs or vLLM run), taking ownership of it. Must be called by
+    /// every rank of `comm`, each with the same `config`.
+    ///
+    /// Setup exchanges go through `comm` (bytes all-gathered through device memory; the VMM
+    /// handles, as file descriptors, over per-rank abstract Unix sockets). If the peer kernels
+    /// cannot be set up on every rank (ranks on several hosts, no peer access, a failed
+    /// mapping), all ranks agree to send every call to NCCL and say why
+    /// ([`Communicator::describe`]). Calls above `Config::nccl_above_bytes` or
+    /// `Config::capacity_bytes` go to NCCL as well; [`Communicator::path`] tells which path a
+    /// size takes. NCCL runs on `comm`'s stream, ordered after and before the caller's stream
+    /// by two events (none when the caller passes `comm.stream()`).
+    pub fn from_nccl(comm: cudarc::nccl::Comm, config: Config) -> Result<Communicator> {
+        let ctx = comm.context().clone();
+        let events = ctx
+            .new_event(None)
+            .and_then(|fork| Ok((fork, ctx.new_event(None)?)))
+            .during("cuEventCreate");
+        let precheck = match &events {
+            Ok(_) => Ok(()),
+            Err(e) => Err(e.clone()),
+        };
+        let comm = OwnedNcclComm::new(comm);
+        let setup = {
+            let bootstrap = NcclBootstrap::new(comm.get(), setup_timeout(&config));
+            setup::run(&bootstrap, ctx, config, Ok(()), precheck)?
+        };
+        let (fork, join) = events?;
+        Communicator::assemble(setup, Ok(Fallback::Cudarc { comm, fork, join }))
+    }
+
+    /// [`Communicator::new`] plus an NCCL communicator of its own for the fallback, created
+    /// through `bootstrap` (rank 0 makes the unique id). NCCL is loaded as `libnccl.so` or,
+    /// failing that, `libnccl.so.2`. If NCCL is missing or cannot initialise (for example two
+    /// ranks on one GPU, which NCCL refuses), every rank goes on without the fallback and
+    /// [`Communicator::describe`] says why; that is an error only when the fallback is needed
+    /// (the peer kernels cannot be set up, or `Config::algorithm` is `Nccl`). NCCL runs on the
+    /// caller's stream.
+    pub fn with_nccl_fallback(
+        bootstrap: &dyn Bootstrap,
+        ctx: Arc<CudaContext>,
+        config: Config,
+    ) -> Result<Communicator> {
+        let fallback = match comm::create_over(bootstrap, &ctx, setup_timeout(&config))? {
+            Ok(comm) => Ok(Fallback::Raw(comm)),
+            Err(e) => Err(format!("NCCL is unavailable: {e}")),
+        };
+        let nccl = fallback.as_ref().map(|_| ()).map_err(String::as_str);
+        let setup = setup::run(bootstrap, ctx, config, nccl, Ok(()))?;
+        Communicator::assemble(setup, fallback)
+    }
+
+    fn assemble(s: Setup, nccl: std::result::Result<Fallback, String>) -> Result<Communicator> {
+        let paths = match (s.established, nccl) {
+            (Established::Peer(peer), nccl) => Paths::Peer { peer, nccl },
+            (Established::NcclOnly { standin, why }, Ok(nccl)) => Paths::NcclOnly { standin, nccl, why },
+            // Setup returns its error instead of `NcclOnly` when no fallback will be attached.
+            (Established::NcclOnly { why, .. }, Err(no_nccl)) => {
+                return Err(Error::NcclUnavailable {
+                    reason: format!("the peer kernels are not set up ({why}) and {no_nccl}"),
+                })
+            }
+        };
+        let comm = Communicator {
+            paths,
+            ctx: s.ctx,
+            rank: s.rank,
+            world: s.world,
+            limits: s.limits,
+            layout: s.layout,
+            config: s.config,
+            topology: s.topology,
+            poisoned: RefCell::new(None),
+        };
+        if std::env::var(LOG_ENV).is_ok_and(|v| !v.is_empty() && v != "0") {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "{}", comm.describe());
+        }
+        Ok(comm)
+    }
+
+    /// This rank's index.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.world
+    }
+
+    /// The device this rank runs on.
+    pub fn device(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
+    /// The settings it was created with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The agreed per-rank block limits (zero when the peer kernels are not set up).
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Sizes of this rank's symmetric allocation (when every call goes to NCCL, only
+    /// `data_bytes` is meaningful: the size of [`symmetric_buffer`](Self::symmetric_buffer)).
+    pub fn layout(&self) -> Layout {
+        match &self.paths {
+            Paths::Peer { peer, .. } => peer.layout(),
+            Paths::NcclOnly { .. } => self.layout,
+        }
+    }
+
+    /// The kernel grid a buffer call of `len` elements of `dtype` would use if the peer
+    /// kernels take it (see [`path`](Self::path) for whether they do).
+    pub fn plan(&self, len: usize, dtype: DType, algorithm: Algorithm) -> Plan {
+        plan_all_reduce(len, dtype, self.world, self.limits, &self.config, algorithm)
+    }
+
+    /// Where a call of `len` elements of `dtype` on the caller's buffers goes (low-latency,
+    /// one-shot, two-shot or NCCL) and why; an error where the call would be refused (over
+    /// the capacity without NCCL, or NCCL asked for without a fallback). Every rank decides
+    /// the same.
+    pub fn path(&self, len: usize, dtype: DType, algorithm: Algorithm) -> Result<PathDecision> {
+        self.explain(CallKind::Buffers, len, dtype, algorithm)
+    }
+
+    /// Where [`all_reduce_symmetric`](Self::all_reduce_symmetric) of `len` elements goes: the
+    /// zero-copy in-place two-shot kernel, or NCCL (the decision that call takes).
+    pub fn symmetric_path(&self, len: usize, dtype: DType) -> Result<PathDecision> {
+        self.explain(CallKind::Symmetric, len, dtype, Algorithm::Auto)
+    }
+
+    fn explain(
+        &self,
+        kind: CallKind,
+        len: usize,
+        dtype: DType,
+        algorithm: Algorithm,
+    ) -> Result<PathDecision> {
+        let r = self.route(kind, len, dtype, algorithm)?;
+        Ok(explain(&r, algorithm, &self.config, self.facts()))
+    }
+
+    /// The decision a call takes (no allocation unless it refuses).
+    fn route(&self, kind: CallKind, len: usize, dtype: DType, algorithm: Algorithm) -> Result<Route> {
+        route(kind, len, dtype, &self.config, algorithm, self.facts())
+    }
+
+    fn facts(&self) -> PathFacts<'_> {
+        let (peer_kernels, nccl) = match &self.paths {
+            Paths::Peer { nccl, .. } => (Ok(()), nccl.as_ref().map(|_| ()).map_err(String::as_str)),
+            Paths::NcclOnly { why, .. } => (Err(why.as_str()), Ok(())),
+        };
+        PathFacts {
+            world: self.world,
+            limits: self.limits,
+            peer_kernels,
+            nccl,
+        }
+    }
+
+    /// Placement of every rank and the links between their devices, as probed at setup.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// Whether the symmetric workspace is set up (otherwise every call goes to NCCL).
+    pub fn has_peer_kernels(&self) -> bool {
+        matches!(self.paths, Paths::Peer { .. })
+    }
+
+    /// Why the peer kernels are not set up, if they are not.
+    pub fn peer_kernels_unavailable(&self) -> Option<&str> {
+        self.facts().peer_kernels.err()
+    }
+
+    /// Whether calls can go to NCCL.
+    pub fn has_nccl_fallback(&self) -> bool {
+        self.facts().nccl.is_ok()
+    }
+
+    /// Why there is no NCCL fallback, if there is none.
+    pub fn nccl_unavailable(&self) -> Option<&str> {
+        self.facts().nccl.err()
+    }
+
+    /// A report of the setup: topology, mode, and the path each message size takes (bf16).
+    /// Printed by every rank at setup when `SYMM_ALLREDUCE_LOG=1`.
+    pub fn describe(&self) -> String {
+        let mut s = format!(
+            "symm-allreduce rank {} of {} on device {}\n{}\n",
+            self.rank,
+            self.world,
+            self.device(),
+            self.topology.summary()
+        );
+        s += &match &self.paths {
+            Paths::Peer { .. } => format!(
+                "peer kernels: on ({} one-shot / {} two-shot blocks per rank, capacity {} bytes)\n",
+                self.limits.one_shot_blocks, self.limits.two_shot_blocks, self.config.capacity_bytes
+            ),
+            Paths::NcclOnly { why, .. } => format!("peer kernels: off, every call goes to NCCL: {why}\n"),
+        };
+        s += &match (self.nccl(), self.nccl_unavailable()) {
+            (Ok(f), _) => format!("NCCL fallback: {}\n", f.describe()),
+            (Err(_), Some(why)) => format!("NCCL fallback: none ({why})\n"),
+            (Err(_), None) => "NCCL fallback: none\n".to_string(),
+        };
+        let sizes = [
+            4usize << 10,
+            64 << 10,
+            512 << 10,
+            1 << 20,
+            4 << 20,
+            16 << 20,
+            64 << 20,
+            256 << 20,
+        ];
+        for bytes in sizes {
+            let line = match self.path(bytes / 2, DType::BF16, Algorithm::Auto) {
+                Ok(p) => p.to_string(),
+                Err(e) => format!("refused: {e}"),
+            };
+            s += &format!("  {:>9} bytes bf16 -> {line}\n", bytes);
+        }
+        s.pop();
+        s
+    }
+
+    fn peer(&self) -> Result<&PeerBackend> {
+        match &self.paths {
+            Paths::Peer { peer, .. } => Ok(peer),
+            Paths::NcclOnly { why, .. } => Err(Error::Unsupported {
+                ordinal: self.device(),
+                reason: format!("the peer kernels are not set up: {why}"),
+            }),
+        }
+    }
+
+    fn nccl(&self) -> Result<&Fallback> {
+        match &self.paths {
+            Paths::Peer { nccl: Ok(f), .. } | Paths::NcclOnly { nccl: f, .. } => Ok(f),
+            Paths::Peer { nccl: Err(why), .. } => Err(Error::NcclUnavailable { reason: why.clone() }),
+        }
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        // Kernels may still read or signal through this rank's mappings; a peer stuck in a
+        // barrier is bounded by the timeout. Errors cannot be reported from Drop.
+        let _ = self.ctx.synchronize();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn communicator_is_send_but_not_sync() {
+        fn assert_send<T: Send>() {}
+        assert_send::<Communicator>();
+        // Not Sync: checked by the compile_fail doc test on `Communicator`.
+    }
+}

@@ -1,0 +1,127 @@
+//! The device code as the Rust side sees it: the embedded fatbin, the kernel table loaded
+//! from it ([`Kernels`], sized by the [`registry`]), the ABI ([`abi`]) and the launch
+//! ([`launch`]).
+
+pub(crate) mod abi;
+pub(crate) mod launch;
+pub(crate) mod registry;
+
+use std::sync::Arc;
+
+use cudarc::driver::{sys, CudaContext, CudaFunction};
+use cudarc::nvrtc::Ptx;
+
+use crate::dtype::DType;
+use crate::error::{CudaResultExt, Error, Result};
+use registry::{Family, Kernel, EMPTY_KERNEL, KERNELS};
+
+static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kernels.fatbin"));
+static PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
+static PTXAS_REPORT: &str = include_str!(concat!(env!("OUT_DIR"), "/ptxas.txt"));
+
+/// Whether this build carries compiled kernels.
+pub fn kernels_available() -> bool {
+    cfg!(symm_kernels) && !FATBIN.is_empty()
+}
+
+/// The compute_90 PTX of every kernel (empty without nvcc). For the scope checks in tests.
+#[doc(hidden)]
+pub fn embedded_ptx() -> &'static str {
+    PTX
+}
+
+/// `ptxas -v` output of the build (empty without nvcc). For the spill checks in tests.
+#[doc(hidden)]
+pub fn ptxas_report() -> &'static str {
+    PTXAS_REPORT
+}
+
+/// Every kernel of the registry × every dtype, loaded into one context (`None` where the
+/// device is older than the kernel's minimum architecture).
+#[derive(Debug)]
+pub(crate) struct Kernels {
+    table: [[Option<CudaFunction>; DType::COUNT]; KERNELS.len()],
+    empty: CudaFunction,
+    arch: u32,
+    ordinal: usize,
+}
+
+impl Kernels {
+    pub(crate) fn load(ctx: &Arc<CudaContext>) -> Result<Self> {
+        if !kernels_available() {
+            return Err(Error::KernelsUnavailable);
+        }
+        let module = ctx
+            .load_module(Ptx::from_binary(FATBIN.to_vec()))
+            .map_err(|e| match e.0 {
+                sys::CUresult::CUDA_ERROR_NO_BINARY_FOR_GPU
+                | sys::CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION => Error::Unsupported {
+                    ordinal: ctx.ordinal(),
+                    reason: format!(
+                        "the embedded kernels (from {}) do not load: {e}; the compute_90 PTX needs a \
+                             CUDA 13.0 driver to JIT",
+                        env!("SYMM_ALLREDUCE_NVCC")
+                    ),
+                },
+                _ => Error::Cuda {
+                    call: "cuModuleLoadData",
+                    source: e,
+                },
+            })?;
+        let (major, minor) = ctx.compute_capability().during("cuDeviceGetAttribute")?;
+        let arch = (major * 10 + minor) as u32;
+        let load = |name: &str| module.load_function(name).during("cuModuleGetFunction");
+        let mut table: [[Option<CudaFunction>; DType::COUNT]; KERNELS.len()] = Default::default();
+        for (spec, row) in KERNELS.iter().zip(table.iter_mut()) {
+            if arch < spec.min_arch {
+                continue;
+            }
+            for (d, slot) in DType::ALL.iter().zip(row.iter_mut()) {
+                *slot = Some(load(&format!("symm_{}_{}", spec.prefix, d.name()))?);
+            }
+        }
+        Ok(Kernels {
+            table,
+            empty: load(EMPTY_KERNEL)?,
+            arch,
+            ordinal: ctx.ordinal(),
+        })
+    }
+
+    /// The entry point of `kernel` for `dtype`, or why this device has none.
+    pub(crate) fn get(&self, kernel: Kernel, dtype: DType) -> Result<&CudaFunction> {
+        self.table[kernel.index()][dtype.index()]
+            .as_ref()
+            .ok_or_else(|| Error::Unsupported {
+                ordinal: self.ordinal,
+                reason: format!(
+                    "the {} kernel needs compute capability {}.{}; this device has {}.{}",
+                    kernel.algorithm(),
+                    kernel.spec().min_arch / 10,
+                    kernel.spec().min_arch % 10,
+                    self.arch / 10,
+                    self.arch % 10
+                ),
+            })
+    }
+
+    pub(crate) fn empty(&self) -> &CudaFunction {
+        &self.empty
+    }
+
+    /// Fewest resident blocks per SM over the kernels of each family and every dtype:
+    /// `(one-shot family, two-shot family)`.
+    pub(crate) fn blocks_per_sm(&self, threads: u32) -> Result<(usize, usize)> {
+        let mut least = [usize::MAX; 2];
+        for spec in &KERNELS {
+            for f in self.table[spec.kernel.index()].iter().flatten() {
+                let n = f
+                    .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
+                    .during("cuOccupancyMaxActiveBlocksPerMultiprocessor")?;
+                let slot = &mut least[(spec.family == Family::TwoShot) as usize];
+                *slot = (*slot).min(n as usize);
+            }
+        }
+        Ok((least[0], least[1]))
+    }
+}

@@ -1,0 +1,153 @@
+//! The one list of the device kernels: each protocol's symbol prefix, the oldest
+//! architecture it runs on, and the family of block limits that bounds its grid. The kernel
+//! table ([`super::Kernels`]) is loaded from this list × [`DType::ALL`]; a test checks the list
+//! against the entries of the embedded PTX, so a kernel added on one side only fails CI.
+
+use crate::config::Algorithm;
+#[cfg(test)]
+use crate::dtype::DType;
+
+/// Which residency limit bounds a kernel's grid (see [`crate::Limits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Family {
+    /// One barrier, reads every peer's whole input: one-shot and low-latency.
+    OneShot,
+    /// Reduce-scatter then all-gather: two-shot and the in-place kernel.
+    TwoShot,
+}
+
+/// A device kernel (one per dtype in the fatbin).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Kernel {
+    OneShot,
+    TwoShot,
+    InPlace,
+    LowLatency,
+}
+
+/// One registry row.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KernelSpec {
+    pub(crate) kernel: Kernel,
+    /// `symm_<prefix>_<dtype>` is the entry point.
+    pub(crate) prefix: &'static str,
+    /// Oldest compute capability, as `major * 10 + minor`.
+    pub(crate) min_arch: u32,
+    pub(crate) family: Family,
+}
+
+/// Every kernel, in table order.
+pub(crate) const KERNELS: [KernelSpec; 4] = [
+    KernelSpec {
+        kernel: Kernel::OneShot,
+        prefix: "one_shot",
+        min_arch: 80,
+        family: Family::OneShot,
+    },
+    KernelSpec {
+        kernel: Kernel::TwoShot,
+        prefix: "two_shot",
+        min_arch: 80,
+        family: Family::TwoShot,
+    },
+    KernelSpec {
+        kernel: Kernel::InPlace,
+        prefix: "in_place",
+        min_arch: 80,
+        family: Family::TwoShot,
+    },
+    KernelSpec {
+        kernel: Kernel::LowLatency,
+        prefix: "one_shot_ll",
+        min_arch: 80,
+        family: Family::OneShot,
+    },
+];
+
+/// The body-less kernel with the common signature (the benchmark's launch floor).
+pub(crate) const EMPTY_KERNEL: &str = "symm_empty";
+
+impl Kernel {
+    /// Its row in [`KERNELS`].
+    pub(crate) const fn index(self) -> usize {
+        match self {
+            Kernel::OneShot => 0,
+            Kernel::TwoShot => 1,
+            Kernel::InPlace => 2,
+            Kernel::LowLatency => 3,
+        }
+    }
+
+    pub(crate) const fn spec(self) -> &'static KernelSpec {
+        &KERNELS[self.index()]
+    }
+
+    pub(crate) const fn family(self) -> Family {
+        self.spec().family
+    }
+
+    /// The algorithm it implements (the in-place kernel is a two-shot).
+    pub(crate) const fn algorithm(self) -> Algorithm {
+        match self {
+            Kernel::OneShot => Algorithm::OneShot,
+            Kernel::TwoShot | Kernel::InPlace => Algorithm::TwoShot,
+            Kernel::LowLatency => Algorithm::LowLatency,
+        }
+    }
+
+    /// The buffer kernel of an algorithm (`None` for `Auto` and `Nccl`).
+    pub(crate) const fn for_algorithm(a: Algorithm) -> Option<Kernel> {
+        match a {
+            Algorithm::OneShot => Some(Kernel::OneShot),
+            Algorithm::TwoShot => Some(Kernel::TwoShot),
+            Algorithm::LowLatency => Some(Kernel::LowLatency),
+            Algorithm::Auto | Algorithm::Nccl => None,
+        }
+    }
+}
+
+/// Every entry point the registry expects in the fatbin.
+#[cfg(test)]
+pub(crate) fn symbols() -> Vec<String> {
+    let mut names: Vec<String> = KERNELS
+        .iter()
+        .flat_map(|k| DType::ALL.map(|d| format!("symm_{}_{}", k.prefix, d.name())))
+        .collect();
+    names.push(EMPTY_KERNEL.to_string());
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_registry_is_indexed_by_kernel() {
+        for (i, k) in KERNELS.iter().enumerate() {
+            assert_eq!(k.kernel.index(), i);
+            assert_eq!(k.kernel.spec().prefix, k.prefix);
+        }
+    }
+
+    #[test]
+    fn the_embedded_ptx_has_exactly_the_registry_kernels() {
+        let ptx = super::super::embedded_ptx();
+        if ptx.is_empty() {
+            assert!(
+                std::env::var("SYMM_ALLREDUCE_REQUIRE_KERNELS").map_or(true, |v| v != "1"),
+                "SYMM_ALLREDUCE_REQUIRE_KERNELS=1 but the build has no PTX"
+            );
+            eprintln!("SKIP the_embedded_ptx_has_exactly_the_registry_kernels: built without nvcc");
+            return;
+        }
+        let mut entries: Vec<String> = ptx
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix(".visible .entry "))
+            .map(|l| l.split('(').next().unwrap_or(l).trim().to_string())
+            .collect();
+        entries.sort();
+        let mut expected = symbols();
+        expected.sort();
+        assert_eq!(entries, expected, "kernels/ and src/kernels/registry.rs disagree");
+    }
+}

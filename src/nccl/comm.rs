@@ -1,0 +1,212 @@
+//! NCCL communicators: the one this crate creates over a bootstrap ([`RawComm`], driven
+//! through [`super::library`]) and the caller's cudarc one ([`OwnedNcclComm`]), with the
+//! record of teardowns that failed.
+
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::nccl::{sys, Comm};
+
+use super::library::{library, NcclLibrary};
+use crate::bootstrap::{vote_soft, Bootstrap};
+use crate::error::{CudaResultExt, Error, Result};
+
+/// An NCCL communicator this crate created through [`library`]. Aborted on drop.
+pub(crate) struct RawComm {
+    comm: sys::ncclComm_t,
+    library: &'static NcclLibrary,
+}
+
+// SAFETY: an NCCL communicator may be used from any thread as long as it is not used by two
+// at once; RawComm lives inside a Communicator, which is not Sync.
+unsafe impl Send for RawComm {}
+
+impl std::fmt::Debug for RawComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RawComm({:?}, {:?})", self.comm, self.library)
+    }
+}
+
+impl RawComm {
+    /// `ncclCommInitRank` on a helper thread, bounded by `timeout`: NCCL's initialisation
+    /// blocks until every rank has joined. On expiry the helper thread is left behind (it
+    /// aborts its communicator if NCCL ever returns) and this returns an error.
+    pub(crate) fn init(
+        ctx: &Arc<CudaContext>,
+        id: [u8; 128],
+        rank: usize,
+        world: usize,
+        timeout: Duration,
+    ) -> Result<RawComm> {
+        let library = library()?;
+        let (tx, rx) = mpsc::channel::<Result<RawComm>>();
+        let ctx = ctx.clone();
+        std::thread::Builder::new()
+            .name("symm-nccl-init".into())
+            .spawn(move || {
+                let result = (|| {
+                    ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+                    // SAFETY: the id came from ncclGetUniqueId on rank 0; rank < world was
+                    // checked by the caller; the device is current on this thread.
+                    let comm = unsafe { library.comm_init_rank(id, world, rank) }?;
+                    Ok(RawComm { comm, library })
+                })();
+                // If the caller gave up waiting, the comm (if any) is dropped here: aborted.
+                let _ = tx.send(result);
+            })
+            .map_err(|e| Error::Nccl {
+                call: "ncclCommInitRank",
+                detail: format!("cannot start the init thread: {e}"),
+            })?;
+        match rx.recv_timeout(timeout) {
+            Ok(result) => result,
+            Err(_) => Err(Error::Nccl {
+                call: "ncclCommInitRank",
+                detail: format!(
+                    "did not complete within {timeout:?}: a rank is missing, or NCCL cannot connect the ranks \
+                     (set NCCL_DEBUG=INFO to see why)"
+                ),
+            }),
+        }
+    }
+
+    /// An error NCCL recorded asynchronously (a failed or aborted collective).
+    pub(crate) fn async_error(&self) -> Result<()> {
+        // SAFETY: a live communicator made by comm_init_rank.
+        unsafe { self.library.comm_async_error(self.comm) }
+    }
+
+    /// `ncclAllReduce(sum)` on `stream`.
+    ///
+    /// # Safety
+    /// As [`NcclLibrary::all_reduce`]: both ranges are `len` elements of `dtype` on this
+    /// communicator's device, live until the reduction completes on `stream`.
+    pub(crate) unsafe fn all_reduce(
+        &self,
+        input: u64,
+        output: u64,
+        len: usize,
+        dtype: sys::ncclDataType_t,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        // SAFETY: the communicator is live; the caller guarantees the ranges.
+        unsafe {
+            self.library
+                .all_reduce(self.comm, input, output, len, dtype, stream.cu_stream())
+        }
+    }
+
+    /// The library it was made by.
+    pub(crate) fn library(&self) -> &'static NcclLibrary {
+        self.library
+    }
+}
+
+impl Drop for RawComm {
+    fn drop(&mut self) {
+        // SAFETY: a live communicator created by ncclCommInitRank, aborted exactly once. Abort
+        // (not destroy) never waits for peers.
+        if let Err(e) = unsafe { self.library.comm_abort(self.comm) } {
+            record_teardown_failure(e.to_string());
+        }
+    }
+}
+
+/// A caller's cudarc communicator, owned by a Communicator.
+pub(crate) struct OwnedNcclComm(Option<Comm>);
+
+// SAFETY: cudarc's Comm is !Send only because it holds a raw pointer. NCCL allows a
+// communicator to move between threads as long as two threads never use it at once, and the
+// Communicator that owns this is not Sync, so every use is from one thread at a time.
+unsafe impl Send for OwnedNcclComm {}
+
+impl std::fmt::Debug for OwnedNcclComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(c) => write!(f, "cudarc Comm(rank {} of {})", c.rank(), c.world_size()),
+            None => f.write_str("cudarc Comm(dropped)"),
+        }
+    }
+}
+
+impl OwnedNcclComm {
+    pub(crate) fn new(comm: Comm) -> Self {
+        OwnedNcclComm(Some(comm))
+    }
+
+    pub(crate) fn get(&self) -> &Comm {
+        self.0.as_ref().expect("present until drop")
+    }
+}
+
+impl Drop for OwnedNcclComm {
+    fn drop(&mut self) {
+        let Some(comm) = self.0.take() else { return };
+        // cudarc's Drop calls ncclCommAbort and panics (`expect`) if it fails, and its raw
+        // handle is private, so this crate cannot call abort itself. With unwinding, the drop
+        // runs inside catch_unwind and a failure is recorded instead of propagating. Under
+        // panic=abort a panic would abort the process, so the communicator is leaked instead
+        // (its resources go with the process) and the leak is recorded.
+        #[cfg(panic = "unwind")]
+        {
+            let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(comm)));
+            if caught.is_err() {
+                record_teardown_failure("ncclCommAbort failed while dropping the caller's communicator");
+            }
+        }
+        #[cfg(not(panic = "unwind"))]
+        {
+            std::mem::forget(comm);
+            record_teardown_failure("the caller's communicator was leaked, not aborted (panic=abort build)");
+        }
+    }
+}
+
+static TEARDOWN_FAILURES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Records a failed NCCL teardown (never panics; a poisoned lock still records).
+fn record_teardown_failure(what: impl Into<String>) {
+    let mut log = TEARDOWN_FAILURES.lock().unwrap_or_else(|p| p.into_inner());
+    if log.len() < 64 {
+        log.push(what.into());
+    }
+}
+
+/// NCCL teardown failures this process recorded (communicator aborts that failed or were
+/// skipped), oldest first, at most 64.
+pub fn nccl_teardown_failures() -> Vec<String> {
+    TEARDOWN_FAILURES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+}
+
+/// Creates this crate's own NCCL communicator through `bootstrap` (rank 0 makes the unique
+/// id): outer error = the group is broken; inner error = NCCL is not usable here (the same
+/// verdict on every rank).
+pub(crate) fn create_over(
+    bootstrap: &dyn Bootstrap,
+    ctx: &Arc<CudaContext>,
+    timeout: Duration,
+) -> Result<Result<RawComm>> {
+    let rank = bootstrap.rank();
+    let local = library().and_then(|lib| {
+        if rank == 0 {
+            lib.unique_id().map(Some)
+        } else {
+            Ok(None)
+        }
+    });
+    let id = match vote_soft(bootstrap, "NCCL library", local)? {
+        Ok(id) => id,
+        Err(e) => return Ok(Err(e)),
+    };
+    let ids = bootstrap.all_gather(id.as_ref().map_or(&[][..], |i| &i[..]))?;
+    let id: [u8; 128] = ids
+        .first()
+        .and_then(|b| b.as_slice().try_into().ok())
+        .ok_or_else(|| Error::malformed("NCCL unique id"))?;
+    let comm = RawComm::init(ctx, id, rank, bootstrap.world(), timeout);
+    vote_soft(bootstrap, "NCCL init", comm)
+}

@@ -1,0 +1,166 @@
+//! The size rule of `Auto` and the kernel grid of a route.
+
+use super::{Limits, Plan};
+use crate::config::{Algorithm, Config};
+use crate::dtype::DType;
+use crate::kernels::abi::{MAX_BLOCKS, THREADS_PER_BLOCK};
+use crate::kernels::registry::Kernel;
+
+/// The algorithm a call of `bytes` takes: `requested` unless it is `Auto`, then the
+/// configured one unless that is `Auto`, then the size rule (low-latency up to its limit,
+/// one-shot up to the crossover, two-shot above; one rank always one-shot).
+pub(crate) fn choose(bytes: usize, world: usize, config: &Config, requested: Algorithm) -> Algorithm {
+    match (requested, config.algorithm) {
+        (Algorithm::Auto, Algorithm::Auto) => {
+            if bytes <= config.low_latency_limit() {
+                Algorithm::LowLatency
+            } else if world == 1 || bytes <= config.one_shot_limit(world) {
+                Algorithm::OneShot
+            } else {
+                Algorithm::TwoShot
+            }
+        }
+        (Algorithm::Auto, configured) => configured,
+        (forced, _) => forced,
+    }
+}
+
+/// The grid of `kernel` for `len` elements of `dtype` over `world` ranks: one thread per
+/// 16-byte pack (of the rank's 1/W slice for the two-shot family, per 8-byte line for
+/// low-latency), capped by the agreed limits and the signal slots.
+pub(crate) fn grid(kernel: Kernel, len: usize, dtype: DType, world: usize, limits: Limits) -> Plan {
+    let packs = len / dtype.per_pack();
+    let work = match kernel {
+        Kernel::TwoShot | Kernel::InPlace => packs.div_ceil(world),
+        Kernel::LowLatency => (len * dtype.size()).div_ceil(8),
+        Kernel::OneShot => packs,
+    };
+    let wanted = work.div_ceil(THREADS_PER_BLOCK as usize).max(1);
+    Plan {
+        algorithm: kernel.algorithm(),
+        blocks: wanted.min(limits.blocks(kernel.family())).min(MAX_BLOCKS) as u32,
+        threads: THREADS_PER_BLOCK,
+    }
+}
+
+/// [`choose`] then [`grid`], for [`crate::Communicator::plan`]: the grid a buffer call would
+/// use if the kernels take it (`Nccl` is sized as one-shot; it is never launched).
+pub(crate) fn plan_all_reduce(
+    len: usize,
+    dtype: DType,
+    world: usize,
+    limits: Limits,
+    config: &Config,
+    requested: Algorithm,
+) -> Plan {
+    let algorithm = choose(len * dtype.size(), world, config, requested);
+    let kernel = Kernel::for_algorithm(algorithm).unwrap_or(Kernel::OneShot);
+    grid(kernel, len, dtype, world, limits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::abi::MAX_RANKS;
+
+    const WIDE: Limits = Limits {
+        one_shot_blocks: 32,
+        two_shot_blocks: 32,
+    };
+
+    #[test]
+    fn auto_follows_published_crossovers() {
+        let c = Config::default();
+        for (world, limit) in [(2, 512 << 10), (4, 512 << 10), (8, 256 << 10), (6, 256 << 10)] {
+            let at = plan_all_reduce(limit / 2, DType::BF16, world, WIDE, &c, Algorithm::Auto);
+            let above = plan_all_reduce(limit / 2 + 8, DType::BF16, world, WIDE, &c, Algorithm::Auto);
+            assert_eq!(at.algorithm, Algorithm::OneShot, "world {world}");
+            assert_eq!(above.algorithm, Algorithm::TwoShot, "world {world}");
+        }
+        // One rank never needs two-shot.
+        let p = plan_all_reduce(64 << 20, DType::F32, 1, WIDE, &c, Algorithm::Auto);
+        assert_eq!(p.algorithm, Algorithm::OneShot);
+    }
+
+    #[test]
+    fn auto_uses_the_low_latency_kernel_for_small_messages() {
+        let c = Config::default();
+        for world in [1, 2, 8] {
+            let at = plan_all_reduce(16 << 10, DType::BF16, world, WIDE, &c, Algorithm::Auto);
+            let above = plan_all_reduce((16 << 10) + 1, DType::BF16, world, WIDE, &c, Algorithm::Auto);
+            assert_eq!(at.algorithm, Algorithm::LowLatency, "world {world}");
+            assert_eq!(above.algorithm, Algorithm::OneShot, "world {world}");
+        }
+        // One thread per 8-byte line: 8 KiB is 1024 lines, two blocks; a tail needs one more line.
+        assert_eq!(
+            plan_all_reduce(4096, DType::BF16, 8, WIDE, &c, Algorithm::Auto).blocks,
+            2
+        );
+        assert_eq!(
+            plan_all_reduce(1, DType::F32, 8, WIDE, &c, Algorithm::Auto).blocks,
+            1
+        );
+        // Off when 0, and never beyond the capacity.
+        let off = Config {
+            low_latency_max_bytes: 0,
+            ..Config::default()
+        };
+        assert_eq!(
+            plan_all_reduce(4, DType::F32, 8, WIDE, &off, Algorithm::Auto).algorithm,
+            Algorithm::OneShot
+        );
+        let tiny = Config {
+            capacity_bytes: 1024,
+            ..Config::default()
+        };
+        assert_eq!(tiny.low_latency_limit(), 1024);
+    }
+
+    #[test]
+    fn forced_and_configured_algorithms_win_over_auto() {
+        let mut c = Config::default();
+        let p = plan_all_reduce(16, DType::F32, 8, WIDE, &c, Algorithm::TwoShot);
+        assert_eq!(p.algorithm, Algorithm::TwoShot);
+        c.algorithm = Algorithm::TwoShot;
+        assert_eq!(
+            plan_all_reduce(16, DType::F32, 8, WIDE, &c, Algorithm::Auto).algorithm,
+            Algorithm::TwoShot
+        );
+        assert_eq!(
+            plan_all_reduce(16, DType::F32, 8, WIDE, &c, Algorithm::OneShot).algorithm,
+            Algorithm::OneShot
+        );
+    }
+
+    #[test]
+    fn grid_grows_with_work_and_respects_limits() {
+        // 8 KiB bf16 = 512 packs: one block of 512 threads.
+        assert_eq!(grid(Kernel::OneShot, 4096, DType::BF16, 8, WIDE).blocks, 1);
+        assert_eq!(grid(Kernel::OneShot, 4097 * 8, DType::BF16, 8, WIDE).blocks, 9);
+        // Tail-only message still launches one block.
+        assert_eq!(grid(Kernel::OneShot, 3, DType::F32, 8, WIDE).blocks, 1);
+        let tight = Limits {
+            one_shot_blocks: 4,
+            two_shot_blocks: 2,
+        };
+        assert_eq!(grid(Kernel::OneShot, 1 << 24, DType::F32, 8, tight).blocks, 4);
+        assert_eq!(grid(Kernel::LowLatency, 1 << 24, DType::F32, 8, tight).blocks, 4);
+        assert_eq!(grid(Kernel::TwoShot, 1 << 24, DType::F32, 8, tight).blocks, 2);
+        assert_eq!(grid(Kernel::InPlace, 1 << 24, DType::F32, 8, tight).blocks, 2);
+        // Two-shot sizes its grid by the slice, not the whole message.
+        assert_eq!(grid(Kernel::TwoShot, 8 * 512 * 8, DType::BF16, 8, WIDE).blocks, 1);
+    }
+
+    #[test]
+    fn grid_is_a_function_of_the_call_only() {
+        let c = Config::default();
+        for len in [1usize, 7, 8, 9, 4095, 4096, 1 << 20, (1 << 22) + 3] {
+            for w in 1..=MAX_RANKS {
+                let a = plan_all_reduce(len, DType::F16, w, WIDE, &c, Algorithm::Auto);
+                let b = plan_all_reduce(len, DType::F16, w, WIDE, &c, Algorithm::Auto);
+                assert_eq!(a, b);
+                assert!(a.blocks >= 1 && a.blocks as usize <= MAX_BLOCKS);
+            }
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! Pure planning: where a call goes, which kernel, which grid, and why. No CUDA types here,
+//! so it is tested on any machine. The route depends only on (call kind, element count,
+//! dtype, world, limits, config, what the communicator has), and the limits are agreed by all
+//! ranks at setup, so every rank takes the same route with the same grid.
+//!
+//! - [`validate`]: one pass over a call's buffers, before routing;
+//! - [`route`]: the decision, a `Copy` value with no text (the hot path allocates nothing);
+//! - [`grid`]: blocks and threads for a kernel route;
+//! - [`explain`]: the sentence [`crate::Communicator::path`] and `describe` print.
+
+pub(crate) mod explain;
+pub(crate) mod grid;
+pub(crate) mod route;
+pub(crate) mod validate;
+
+pub use explain::PathDecision;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::kernels::registry::Family;
+
+/// Per-kernel block limits agreed at setup: the most blocks per rank for which every rank's
+/// blocks can be resident at once (a barrier needs all of them running).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// One-shot kernel.
+    pub one_shot_blocks: usize,
+    /// Two-shot kernel.
+    pub two_shot_blocks: usize,
+}
+
+impl Limits {
+    /// From the occupancy of each kernel: `blocks_per_sm · sms / ranks_sharing_the_device`,
+    /// capped by the signal slots and the configuration.
+    pub fn from_occupancy(
+        one_shot_per_sm: usize,
+        two_shot_per_sm: usize,
+        sms: usize,
+        ranks_per_device: usize,
+        config: &Config,
+    ) -> Result<Self> {
+        let cap = |per_sm: usize| (per_sm * sms / ranks_per_device.max(1)).min(config.max_blocks_per_rank);
+        let limits = Limits {
+            one_shot_blocks: cap(one_shot_per_sm),
+            two_shot_blocks: cap(two_shot_per_sm),
+        };
+        if limits.one_shot_blocks == 0 || limits.two_shot_blocks == 0 {
+            return Err(Error::InvalidWorldSize {
+                world: ranks_per_device,
+                reason: format!(
+                    "{ranks_per_device} ranks on one device cannot all keep a block resident \
+                     ({sms} SMs, {one_shot_per_sm}/{two_shot_per_sm} blocks per SM)"
+                ),
+            });
+        }
+        Ok(limits)
+    }
+
+    /// The element-wise minimum (all ranks must agree on one grid).
+    pub fn min(self, other: Limits) -> Limits {
+        Limits {
+            one_shot_blocks: self.one_shot_blocks.min(other.one_shot_blocks),
+            two_shot_blocks: self.two_shot_blocks.min(other.two_shot_blocks),
+        }
+    }
+
+    /// The bound for a kernel family.
+    pub(crate) fn blocks(self, family: Family) -> usize {
+        match family {
+            Family::OneShot => self.one_shot_blocks,
+            Family::TwoShot => self.two_shot_blocks,
+        }
+    }
+
+    /// No kernels (every call goes to NCCL).
+    pub(crate) const NONE: Limits = Limits {
+        one_shot_blocks: 0,
+        two_shot_blocks: 0,
+    };
+}
+
+/// What one call launches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// `LowLatency`, `OneShot` or `TwoShot` (never `Auto` or `Nccl`); the zero-copy
+    /// symmetric call runs the two-shot in place.
+    pub algorithm: crate::config::Algorithm,
+    /// Blocks per rank.
+    pub blocks: u32,
+    /// Threads per block.
+    pub threads: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_account_for_ranks_sharing_a_device() {
+        let c = Config::default();
+        let l = Limits::from_occupancy(2, 1, 132, 8, &c).unwrap();
+        assert_eq!(l.one_shot_blocks, 32); // 2*132/8 = 33, capped by config 32
+        assert_eq!(l.two_shot_blocks, 16); // 132/8
+        let l1 = Limits::from_occupancy(2, 1, 132, 1, &c).unwrap();
+        assert_eq!(l.min(l1), l);
+        assert!(Limits::from_occupancy(1, 1, 4, 8, &c).is_err());
+        assert_eq!(l.blocks(Family::OneShot), 32);
+        assert_eq!(l.blocks(Family::TwoShot), 16);
+    }
+}

@@ -1,0 +1,181 @@
+//! Where a call goes: the decision every call takes, as a `Copy` value without text (the
+//! sentence that explains it is built only when asked for, by [`super::explain`]).
+
+use super::grid::{choose, grid};
+use super::{Limits, Plan};
+use crate::config::{Algorithm, Config};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::kernels::registry::Kernel;
+
+/// What a call reduces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CallKind {
+    /// The caller's buffers (out of place or in place): copied into the workspace.
+    Buffers,
+    /// The symmetric buffer itself: the zero-copy in-place two-shot kernel.
+    Symmetric,
+}
+
+/// What a communicator can do, as far as routing is concerned.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PathFacts<'a> {
+    /// Number of ranks.
+    pub(crate) world: usize,
+    /// Agreed kernel grid limits.
+    pub(crate) limits: Limits,
+    /// `Err(why)` when the symmetric workspace is not set up (every call goes to NCCL).
+    pub(crate) peer_kernels: std::result::Result<(), &'a str>,
+    /// `Err(why)` when there is no NCCL fallback.
+    pub(crate) nccl: std::result::Result<(), &'a str>,
+}
+
+/// The rule that decided a route (rendered as a sentence by [`super::explain`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rule {
+    /// `Algorithm::Nccl` passed to the call.
+    NcclAskedFor,
+    /// `Config::algorithm` is `Nccl`.
+    NcclConfigured,
+    /// No symmetric workspace.
+    NoPeerKernels,
+    /// `Auto` above `Config::nccl_above_bytes`.
+    AboveNcclThreshold,
+    /// `Auto` above the capacity, with a fallback.
+    AboveCapacity,
+    /// The size rule of `Auto` (see [`choose`]).
+    Size,
+    /// `Config::algorithm` names the kernel.
+    Configured,
+    /// The call names the kernel.
+    AskedFor,
+    /// A call on the symmetric buffer: always the in-place kernel.
+    Symmetric,
+}
+
+/// Where one call goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Target {
+    /// A peer kernel with its grid.
+    Kernel(Kernel, Plan),
+    /// `ncclAllReduce` through the fallback.
+    Nccl,
+}
+
+/// The decision for one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Route {
+    pub(crate) target: Target,
+    pub(crate) rule: Rule,
+    /// Message bytes.
+    pub(crate) bytes: usize,
+    /// Set when `Config::nccl_above_bytes` was passed but there is no fallback to use.
+    pub(crate) threshold_ignored: bool,
+}
+
+impl Route {
+    /// The algorithm the route runs (never `Auto`).
+    pub(crate) fn algorithm(&self) -> Algorithm {
+        match self.target {
+            Target::Kernel(k, _) => k.algorithm(),
+            Target::Nccl => Algorithm::Nccl,
+        }
+    }
+}
+
+/// Routes a call (pure; every rank decides the same; no allocation unless it refuses):
+/// 1. `Algorithm::Nccl` (asked for, or configured) → NCCL, or an error without a fallback;
+/// 2. no symmetric workspace → NCCL;
+/// 3. a symmetric-buffer call → the in-place kernel;
+/// 4. a kernel asked for (or configured) → that kernel;
+/// 5. `Auto`: above `nccl_above_bytes`, or above `capacity_bytes`, → NCCL when there is a
+///    fallback; otherwise the size rule of [`choose`].
+///
+/// A kernel route above `capacity_bytes` (or a low-latency one above its slots) is refused
+/// with [`Error::ExceedsCapacity`], never silently rerouted.
+pub(crate) fn route(
+    kind: CallKind,
+    len: usize,
+    dtype: DType,
+    config: &Config,
+    requested: Algorithm,
+    facts: PathFacts<'_>,
+) -> Result<Route> {
+    let bytes = len.saturating_mul(dtype.size());
+    let to_nccl = |rule| {
+        Ok(Route {
+            target: Target::Nccl,
+            rule,
+            bytes,
+            threshold_ignored: false,
+        })
+    };
+    let chosen = if requested == Algorithm::Auto {
+        config.algorithm
+    } else {
+        requested
+    };
+    if chosen == Algorithm::Nccl {
+        return match facts.nccl {
+            Ok(()) if requested == Algorithm::Nccl => to_nccl(Rule::NcclAskedFor),
+            Ok(()) => to_nccl(Rule::NcclConfigured),
+            Err(why) => Err(Error::NcclUnavailable {
+                reason: format!("Algorithm::Nccl was asked for, but {why}"),
+            }),
+        };
+    }
+    if let Err(peer_why) = facts.peer_kernels {
+        return match facts.nccl {
+            Ok(()) => to_nccl(Rule::NoPeerKernels),
+            Err(why) => Err(Error::NcclUnavailable {
+                reason: format!("the peer kernels are not set up ({peer_why}) and {why}"),
+            }),
+        };
+    }
+    let mut threshold_ignored = false;
+    if chosen == Algorithm::Auto {
+        if config.nccl_above_bytes.is_some_and(|l| bytes > l) {
+            match facts.nccl {
+                Ok(()) => return to_nccl(Rule::AboveNcclThreshold),
+                Err(_) => threshold_ignored = true,
+            }
+        }
+        if bytes > config.capacity_bytes && facts.nccl.is_ok() {
+            return to_nccl(Rule::AboveCapacity);
+        }
+    }
+    if bytes > config.capacity_bytes {
+        return Err(Error::ExceedsCapacity {
+            bytes,
+            capacity: config.capacity_bytes,
+        });
+    }
+    let (kernel, rule) = match kind {
+        CallKind::Symmetric => (Kernel::InPlace, Rule::Symmetric),
+        CallKind::Buffers => {
+            let rule = match (requested, config.algorithm) {
+                (Algorithm::Auto, Algorithm::Auto) => Rule::Size,
+                (Algorithm::Auto, _) => Rule::Configured,
+                _ => Rule::AskedFor,
+            };
+            let algorithm = choose(bytes, facts.world, config, requested);
+            // Auto and Nccl were handled above: every other algorithm names a kernel.
+            let kernel = Kernel::for_algorithm(algorithm).ok_or_else(|| {
+                Error::InvalidConfig(format!("algorithm {algorithm} does not name a kernel"))
+            })?;
+            (kernel, rule)
+        }
+    };
+    if kernel == Kernel::LowLatency && bytes > config.low_latency_limit() {
+        return Err(Error::ExceedsCapacity {
+            bytes,
+            capacity: config.low_latency_limit(),
+        });
+    }
+    Ok(Route {
+        target: Target::Kernel(kernel, grid(kernel, len, dtype, facts.world, facts.limits)),
+        rule,
+        bytes,
+        threshold_ignored,
+    })
+}
