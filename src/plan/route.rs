@@ -179,3 +179,87 @@ pub(crate) fn route(
         threshold_ignored,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::abi::MAX_RANKS;
+
+    /// Counts the heap allocations of the current thread (the lib's test binary installs it
+    /// as the global allocator; other test threads do not disturb the count).
+    mod counting {
+        use std::alloc::{GlobalAlloc, Layout, System};
+        use std::cell::Cell;
+
+        thread_local! {
+            static COUNT: Cell<usize> = const { Cell::new(0) };
+        }
+
+        pub(super) struct Counting;
+
+        // SAFETY: forwards to the system allocator; the thread-local counter is a
+        // const-initialised Cell that never allocates.
+        unsafe impl GlobalAlloc for Counting {
+            unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+                COUNT.with(|c| c.set(c.get() + 1));
+                // SAFETY: the caller's layout contract is passed on unchanged.
+                unsafe { System.alloc(layout) }
+            }
+            unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+                // SAFETY: `ptr` came from `alloc` above with this layout.
+                unsafe { System.dealloc(ptr, layout) }
+            }
+        }
+
+        #[global_allocator]
+        static GLOBAL: Counting = Counting;
+
+        pub(super) fn allocations() -> usize {
+            COUNT.with(|c| c.get())
+        }
+    }
+
+    #[test]
+    fn routing_a_call_allocates_nothing() {
+        let config = Config {
+            nccl_above_bytes: Some(8 << 20),
+            ..Config::default()
+        };
+        let limits = Limits {
+            one_shot_blocks: 32,
+            two_shot_blocks: 16,
+        };
+        let mut sink = 0usize;
+        let before = counting::allocations();
+        for world in 1..=MAX_RANKS {
+            let facts = PathFacts {
+                world,
+                limits,
+                peer_kernels: Ok(()),
+                nccl: Ok(()),
+            };
+            for len in [1usize, 100, 8 << 10, 300_000, 3 << 20, 40 << 20] {
+                for dtype in DType::ALL {
+                    for algo in [
+                        Algorithm::Auto,
+                        Algorithm::OneShot,
+                        Algorithm::TwoShot,
+                        Algorithm::Nccl,
+                    ] {
+                        for kind in [CallKind::Buffers, CallKind::Symmetric] {
+                            if let Ok(r) = route(kind, len, dtype, &config, algo, facts) {
+                                sink += r.bytes + matches!(r.target, Target::Nccl) as usize;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let after = counting::allocations();
+        assert!(sink > 0);
+        assert_eq!(after - before, 0, "routing allocated {} times", after - before);
+        // The counter does count: a String allocates.
+        let s = String::from("x").repeat(3);
+        assert!(counting::allocations() > after, "{s}");
+    }
+}

@@ -1,0 +1,114 @@
+//! The house rule on raw FFI, checked on the source tree (CPU only): C is called from three
+//! rooms and nowhere else.
+
+use std::path::{Path, PathBuf};
+
+/// The only places that may call C: the driver tier, NCCL's `dlopen` table, and the launch.
+const FFI_ROOMS: &[&str] = &["src/driver/", "src/nccl/library.rs", "src/kernels/launch.rs"];
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("readable source tree") {
+        let path = entry.expect("directory entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// Code of a line with `//` comments removed (string literals in this crate never hold `//`
+/// followed by an FFI pattern).
+fn code(line: &str) -> &str {
+    line.split("//").next().unwrap_or("")
+}
+
+/// Whether a line calls into C: a driver function (`sys::cuXxx(`), cudarc's raw `result::`
+/// API, a `dlopen`/`dlsym` (libloading), an NCCL symbol, or declares an `extern "C"` block.
+fn calls_c(line: &str) -> Option<&'static str> {
+    let l = code(line);
+    let driver_call = l.match_indices("sys::cu").any(|(i, _)| {
+        let rest = &l[i + "sys::cu".len()..];
+        rest.chars().next().is_some_and(|c| c.is_ascii_uppercase())
+            && rest
+                .trim_start_matches(|c: char| c.is_ascii_alphanumeric() || c == '_')
+                .starts_with('(')
+    });
+    if driver_call {
+        return Some("a raw driver call (sys::cu…)");
+    }
+    if l.contains("result::launch_kernel") || l.contains("driver::result::") || l.contains("result::device::")
+    {
+        return Some("cudarc's raw result:: API");
+    }
+    if l.contains("libloading::Library::new") || l.contains(".get::<") || l.contains("dlsym") {
+        return Some("dlopen/dlsym");
+    }
+    let nccl_call = l.match_indices("sys::nccl").any(|(i, _)| {
+        let rest = &l[i + "sys::nccl".len()..];
+        rest.chars().next().is_some_and(|c| c.is_ascii_uppercase())
+            && rest
+                .trim_start_matches(|c: char| c.is_ascii_alphanumeric() || c == '_')
+                .starts_with('(')
+    });
+    if nccl_call {
+        return Some("an NCCL symbol call");
+    }
+    if l.contains("extern \"C\" {") {
+        return Some("an extern \"C\" block");
+    }
+    None
+}
+
+#[test]
+fn raw_ffi_lives_only_in_the_ffi_rooms() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    assert!(files.len() > 20, "found only {} source files", files.len());
+    let mut offences = Vec::new();
+    let mut seen_in_rooms = 0;
+    for f in &files {
+        let rel = f.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+        let allowed = FFI_ROOMS.iter().any(|room| rel.starts_with(room));
+        let text = std::fs::read_to_string(f).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            if let Some(what) = calls_c(line) {
+                if allowed {
+                    seen_in_rooms += 1;
+                } else {
+                    offences.push(format!("{rel}:{}: {what}: {}", n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        offences.is_empty(),
+        "FFI outside {FFI_ROOMS:?}:\n{}",
+        offences.join("\n")
+    );
+    // The check itself finds the calls where they belong (it is not vacuous).
+    assert!(
+        seen_in_rooms >= 20,
+        "only {seen_in_rooms} FFI lines found in the FFI rooms"
+    );
+}
+
+#[test]
+fn the_detector_sees_each_kind_of_call() {
+    for (line, expected) in [
+        ("let c = unsafe { sys::cuMemCreate(&mut h, n, &p, 0) };", true),
+        ("unsafe { result::launch_kernel(f, g, b, 0, s, p) }", true),
+        ("let l = unsafe { libloading::Library::new(name) };", true),
+        ("extern \"C\" {", true),
+        (
+            "sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT",
+            false,
+        ),
+        ("// sys::cuMemCreate(&mut h) in a comment", false),
+        ("let t: sys::ncclComm_t = std::ptr::null_mut();", false),
+        ("code = sys::ncclAllReduce(a, b);", true),
+    ] {
+        assert_eq!(calls_c(line).is_some(), expected, "{line}");
+    }
+}

@@ -1,0 +1,130 @@
+//! The call path allocates nothing: a counting global allocator around thousands of eager
+//! calls of every kind (low-latency, one-shot, two-shot, in place, zero-copy symmetric, the
+//! copies, `check_usable`, `path`-free routing) on two virtual ranks. GPU only: skips with a
+//! printed reason without one (fails under REQUIRE_GPU=1).
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use half::bf16;
+use symm_allreduce::{Algorithm, Config};
+
+thread_local! {
+    static COUNT: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Counts the current thread's heap allocations.
+struct Counting;
+
+// SAFETY: forwards to the system allocator; the counter is a const-initialised thread-local
+// Cell that never allocates.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        COUNT.with(|c| c.set(c.get() + 1));
+        // SAFETY: the caller's layout contract is passed on unchanged.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `alloc` above with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        COUNT.with(|c| c.set(c.get() + 1));
+        // SAFETY: as for alloc/dealloc.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocations() -> usize {
+    COUNT.with(|c| c.get())
+}
+
+#[test]
+fn eager_calls_of_every_kind_allocate_nothing() {
+    let Some(ctx) = common::gpu("eager_calls_of_every_kind_allocate_nothing") else {
+        return;
+    };
+    let world = 2;
+    let (comms, streams) = common::group(&ctx, world, Config::default());
+    // Sizes that take each kernel: low-latency, one-shot, two-shot.
+    let sizes = [2048usize, 128 << 10, 1 << 20];
+    let inputs: Vec<Vec<_>> = sizes
+        .iter()
+        .map(|&n| {
+            (0..world)
+                .map(|r| {
+                    streams[r]
+                        .clone_htod(&vec![bf16::from_f32(r as f32 + 1.0); n])
+                        .unwrap()
+                })
+                .collect()
+        })
+        .collect();
+    let mut outputs: Vec<Vec<_>> = sizes
+        .iter()
+        .map(|&n| {
+            (0..world)
+                .map(|r| streams[r].alloc_zeros::<bf16>(n).unwrap())
+                .collect()
+        })
+        .collect();
+    let round = |outputs: &mut Vec<Vec<_>>| {
+        for (i, &n) in sizes.iter().enumerate() {
+            for r in 0..world {
+                comms[r]
+                    .all_reduce(&inputs[i][r], &mut outputs[i][r], &streams[r])
+                    .unwrap();
+            }
+            for r in 0..world {
+                comms[r]
+                    .all_reduce_in_place(&mut outputs[i][r], &streams[r], Algorithm::Auto)
+                    .unwrap();
+            }
+            for r in 0..world {
+                comms[r].copy_to_symmetric(&inputs[i][r], &streams[r]).unwrap();
+            }
+            for r in 0..world {
+                comms[r].all_reduce_symmetric::<bf16>(n, &streams[r]).unwrap();
+            }
+            for r in 0..world {
+                comms[r]
+                    .copy_from_symmetric(&mut outputs[i][r], &streams[r])
+                    .unwrap();
+                comms[r].check_usable().unwrap();
+            }
+        }
+    };
+    // Warm-up: first calls may initialise lazily (cudarc, the driver, NVTX's switch).
+    round(&mut outputs);
+    for s in &streams {
+        s.synchronize().unwrap();
+    }
+    let before = allocations();
+    let rounds = 200;
+    for _ in 0..rounds {
+        round(&mut outputs);
+    }
+    let during = allocations() - before;
+    for (r, s) in streams.iter().enumerate() {
+        comms[r].synchronize(s).unwrap();
+    }
+    // The calls really ran: every output holds the sum over ranks (1 + 2 = 3, all exact).
+    for (i, &n) in sizes.iter().enumerate() {
+        for r in 0..world {
+            let host = streams[r].clone_dtoh(&outputs[i][r]).unwrap();
+            assert_eq!(host.len(), n);
+            assert!(
+                host.iter().all(|&x| x == bf16::from_f32(3.0)),
+                "size {n} rank {r}"
+            );
+        }
+    }
+    let calls = rounds * sizes.len() * world * 5;
+    assert_eq!(during, 0, "{during} allocations in {calls} calls");
+    eprintln!("no_alloc: {calls} calls, {during} allocations");
+}
