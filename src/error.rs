@@ -248,6 +248,14 @@ fn on_rank(rank: Option<usize>) -> String {
 }
 
 impl Error {
+    /// Maps an error of cudarc's NCCL API (the caller's communicator), naming the call.
+    pub(crate) fn from_cudarc_nccl(call: &'static str) -> impl Fn(cudarc::nccl::result::NcclError) -> Error {
+        move |e| Error::Nccl {
+            call,
+            detail: format!("{:?} (set NCCL_DEBUG=WARN for NCCL's own account)", e.0),
+        }
+    }
+
     /// A message from a peer that does not parse.
     pub(crate) fn malformed(what: &str) -> Error {
         Error::PeerSetupFailed {

@@ -11,7 +11,7 @@ use cudarc::driver::{
 use cudarc::nccl::{Comm, ReduceOp};
 
 use crate::dtype::Element;
-use crate::error::{CudaResultExt, Result};
+use crate::error::{CudaResultExt, Error, Result};
 use crate::nccl::comm::{OwnedNcclComm, RawComm};
 use crate::nccl::library::library;
 
@@ -131,7 +131,7 @@ fn cudarc_all_reduce<T: Element>(
         _type: PhantomData,
     };
     comm.all_reduce(&src, &mut dst, &ReduceOp::Sum)
-        .map_err(crate::nccl::cudarc_error("ncclAllReduce"))?;
+        .map_err(Error::from_cudarc_nccl("ncclAllReduce"))?;
     if !same {
         join.record(&nccl_stream).during("cuEventRecord")?;
         stream.wait(join).during("cuStreamWaitEvent")?;

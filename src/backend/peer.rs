@@ -7,7 +7,7 @@ use cudarc::driver::{CudaFunction, CudaStream};
 
 use crate::config::Config;
 use crate::driver::host::ErrorWord;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::kernels::abi::{decode_error, SymmArgs};
 use crate::kernels::launch;
 use crate::kernels::registry::Kernel;
@@ -68,7 +68,7 @@ impl PeerBackend {
     }
 
     /// The error a kernel left for the host, if any (no CUDA call: also during capture).
-    pub(crate) fn kernel_error(&self, timeout: Duration) -> Option<crate::Error> {
+    pub(crate) fn kernel_error(&self, timeout: Duration) -> Option<Error> {
         match self.error.read() {
             0 => None,
             code => Some(decode_error(code, self.args.rank as usize, timeout)),
@@ -114,6 +114,16 @@ impl PeerBackend {
         // SymmArgs) with T the table column's dtype; the caller validated the ranges; the
         // workspace and the error word in `args` outlive the launch because the communicator's
         // Drop synchronises before they are released.
-        unsafe { launch::launch(func, plan, input, output, len, &self.args, stream) }
+        unsafe {
+            launch::launch(
+                func,
+                (plan.blocks, plan.threads),
+                input,
+                output,
+                len,
+                &self.args,
+                stream,
+            )
+        }
     }
 }

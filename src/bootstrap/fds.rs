@@ -170,7 +170,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("symm-abstract-{}", hex::encode(random_token())));
         std::fs::create_dir_all(&dir).unwrap();
         let world = 4;
-        let hub = crate::LocalHub::new(world, Duration::from_secs(10));
+        let hub = crate::bootstrap::LocalHub::new(world, Duration::from_secs(10));
         std::thread::scope(|s| {
             for r in 0..world {
                 let hub = hub.rank(r);

@@ -123,7 +123,7 @@ impl<'a> NcclBootstrap<'a> {
             .during("cuMemAllocAsync")?;
         self.comm
             .all_gather(&send, &mut recv)
-            .map_err(crate::nccl::cudarc_error("ncclAllGather"))?;
+            .map_err(Error::from_cudarc_nccl("ncclAllGather"))?;
         wait_bounded(&stream, self.timeout, self.comm.rank())?;
         stream.clone_dtoh(&recv).during("cuMemcpyDtoH")
     }

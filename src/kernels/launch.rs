@@ -7,9 +7,8 @@ use cudarc::driver::{result, sys, CudaFunction, CudaStream};
 
 use super::abi::SymmArgs;
 use crate::error::{CudaResultExt, Result};
-use crate::plan::Plan;
 
-/// Launches `func(input, output, len, args)` with `plan`'s grid on `stream`. The context
+/// Launches `func(input, output, len, args)` with `blocks × threads` on `stream`. The context
 /// of `stream` must be current.
 ///
 /// # Safety
@@ -18,7 +17,7 @@ use crate::plan::Plan;
 /// `func`); every address in `args` is mapped on that device until the launch completes.
 pub(crate) unsafe fn launch(
     func: &CudaFunction,
-    plan: Plan,
+    (blocks, threads): (u32, u32),
     input: u64,
     output: u64,
     len: usize,
@@ -40,8 +39,8 @@ pub(crate) unsafe fn launch(
     unsafe {
         result::launch_kernel(
             func.cu_function(),
-            (plan.blocks, 1, 1),
-            (plan.threads, 1, 1),
+            (blocks, 1, 1),
+            (threads, 1, 1),
             0,
             stream.cu_stream(),
             &mut params,

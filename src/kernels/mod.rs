@@ -96,7 +96,7 @@ impl Kernels {
                 ordinal: self.ordinal,
                 reason: format!(
                     "the {} kernel needs compute capability {}.{}; this device has {}.{}",
-                    kernel.algorithm(),
+                    kernel.spec().prefix,
                     kernel.spec().min_arch / 10,
                     kernel.spec().min_arch % 10,
                     self.arch / 10,

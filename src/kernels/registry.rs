@@ -3,7 +3,6 @@
 //! table ([`super::Kernels`]) is loaded from this list × [`DType::ALL`]; a test checks the list
 //! against the entries of the embedded PTX, so a kernel added on one side only fails CI.
 
-use crate::config::Algorithm;
 #[cfg(test)]
 use crate::dtype::DType;
 
@@ -84,25 +83,6 @@ impl Kernel {
 
     pub(crate) const fn family(self) -> Family {
         self.spec().family
-    }
-
-    /// The algorithm it implements (the in-place kernel is a two-shot).
-    pub(crate) const fn algorithm(self) -> Algorithm {
-        match self {
-            Kernel::OneShot => Algorithm::OneShot,
-            Kernel::TwoShot | Kernel::InPlace => Algorithm::TwoShot,
-            Kernel::LowLatency => Algorithm::LowLatency,
-        }
-    }
-
-    /// The buffer kernel of an algorithm (`None` for `Auto` and `Nccl`).
-    pub(crate) const fn for_algorithm(a: Algorithm) -> Option<Kernel> {
-        match a {
-            Algorithm::OneShot => Some(Kernel::OneShot),
-            Algorithm::TwoShot => Some(Kernel::TwoShot),
-            Algorithm::LowLatency => Some(Kernel::LowLatency),
-            Algorithm::Auto | Algorithm::Nccl => None,
-        }
     }
 }
 

@@ -6,13 +6,3 @@ pub(crate) mod library;
 
 pub use comm::nccl_teardown_failures;
 pub use library::{nccl_library, NcclLibraryInfo};
-
-use crate::error::Error;
-
-/// Maps an error of cudarc's NCCL API (for the caller's communicator), naming the call.
-pub(crate) fn cudarc_error(call: &'static str) -> impl Fn(cudarc::nccl::result::NcclError) -> Error {
-    move |e| Error::Nccl {
-        call,
-        detail: format!("{:?} (set NCCL_DEBUG=WARN for NCCL's own account)", e.0),
-    }
-}

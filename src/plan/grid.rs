@@ -1,6 +1,6 @@
 //! The size rule of `Auto` and the kernel grid of a route.
 
-use super::{Limits, Plan};
+use super::{algorithm_of, kernel_for, Limits, Plan};
 use crate::config::{Algorithm, Config};
 use crate::dtype::DType;
 use crate::kernels::abi::{MAX_BLOCKS, THREADS_PER_BLOCK};
@@ -37,7 +37,7 @@ pub(crate) fn grid(kernel: Kernel, len: usize, dtype: DType, world: usize, limit
     };
     let wanted = work.div_ceil(THREADS_PER_BLOCK as usize).max(1);
     Plan {
-        algorithm: kernel.algorithm(),
+        algorithm: algorithm_of(kernel),
         blocks: wanted.min(limits.blocks(kernel.family())).min(MAX_BLOCKS) as u32,
         threads: THREADS_PER_BLOCK,
     }
@@ -54,7 +54,7 @@ pub(crate) fn plan_all_reduce(
     requested: Algorithm,
 ) -> Plan {
     let algorithm = choose(len * dtype.size(), world, config, requested);
-    let kernel = Kernel::for_algorithm(algorithm).unwrap_or(Kernel::OneShot);
+    let kernel = kernel_for(algorithm).unwrap_or(Kernel::OneShot);
     grid(kernel, len, dtype, world, limits)
 }
 

@@ -15,9 +15,28 @@ pub(crate) mod validate;
 
 pub use explain::PathDecision;
 
-use crate::config::Config;
+use crate::config::{Algorithm, Config};
 use crate::error::{Error, Result};
-use crate::kernels::registry::Family;
+use crate::kernels::registry::{Family, Kernel};
+
+/// The algorithm a kernel implements (the in-place kernel is a two-shot).
+pub(crate) const fn algorithm_of(kernel: Kernel) -> Algorithm {
+    match kernel {
+        Kernel::OneShot => Algorithm::OneShot,
+        Kernel::TwoShot | Kernel::InPlace => Algorithm::TwoShot,
+        Kernel::LowLatency => Algorithm::LowLatency,
+    }
+}
+
+/// The buffer kernel of an algorithm (`None` for `Auto` and `Nccl`).
+pub(crate) const fn kernel_for(algorithm: Algorithm) -> Option<Kernel> {
+    match algorithm {
+        Algorithm::OneShot => Some(Kernel::OneShot),
+        Algorithm::TwoShot => Some(Kernel::TwoShot),
+        Algorithm::LowLatency => Some(Kernel::LowLatency),
+        Algorithm::Auto | Algorithm::Nccl => None,
+    }
+}
 
 /// Per-kernel block limits agreed at setup: the most blocks per rank for which every rank's
 /// blocks can be resident at once (a barrier needs all of them running).
@@ -84,7 +103,7 @@ impl Limits {
 pub struct Plan {
     /// `LowLatency`, `OneShot` or `TwoShot` (never `Auto` or `Nccl`); the zero-copy
     /// symmetric call runs the two-shot in place.
-    pub algorithm: crate::config::Algorithm,
+    pub algorithm: Algorithm,
     /// Blocks per rank.
     pub blocks: u32,
     /// Threads per block.

@@ -2,7 +2,7 @@
 //! sentence that explains it is built only when asked for, by [`super::explain`]).
 
 use super::grid::{choose, grid};
-use super::{Limits, Plan};
+use super::{algorithm_of, kernel_for, Limits, Plan};
 use crate::config::{Algorithm, Config};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -77,7 +77,7 @@ impl Route {
     /// The algorithm the route runs (never `Auto`).
     pub(crate) fn algorithm(&self) -> Algorithm {
         match self.target {
-            Target::Kernel(k, _) => k.algorithm(),
+            Target::Kernel(k, _) => algorithm_of(k),
             Target::Nccl => Algorithm::Nccl,
         }
     }
@@ -160,7 +160,7 @@ pub(crate) fn route(
             };
             let algorithm = choose(bytes, facts.world, config, requested);
             // Auto and Nccl were handled above: every other algorithm names a kernel.
-            let kernel = Kernel::for_algorithm(algorithm).ok_or_else(|| {
+            let kernel = kernel_for(algorithm).ok_or_else(|| {
                 Error::InvalidConfig(format!("algorithm {algorithm} does not name a kernel"))
             })?;
             (kernel, rule)
