@@ -23,17 +23,23 @@ fn code(line: &str) -> &str {
     line.split("//").next().unwrap_or("")
 }
 
-/// Whether a line calls into C: a driver function (`sys::cuXxx(`), cudarc's raw `result::`
-/// API, a `dlopen`/`dlsym` (libloading), an NCCL symbol, or declares an `extern "C"` block.
-fn calls_c(line: &str) -> Option<&'static str> {
-    let l = code(line);
-    let driver_call = l.match_indices("sys::cu").any(|(i, _)| {
-        let rest = &l[i + "sys::cu".len()..];
+/// Whether `l` calls a function named `prefix` + an upper-case letter + more (`sys::cuMemMap(`),
+/// as opposed to naming a type or a constant (`sys::CUdevice`, `sys::ncclComm_t`).
+fn calls_symbol(l: &str, prefix: &str) -> bool {
+    l.match_indices(prefix).any(|(i, _)| {
+        let rest = &l[i + prefix.len()..];
         rest.chars().next().is_some_and(|c| c.is_ascii_uppercase())
             && rest
                 .trim_start_matches(|c: char| c.is_ascii_alphanumeric() || c == '_')
                 .starts_with('(')
-    });
+    })
+}
+
+/// Whether a line calls into C: a driver function (`sys::cuXxx(`), cudarc's raw `result::`
+/// API, a `dlopen`/`dlsym` (libloading), an NCCL symbol, or declares an `extern "C"` block.
+fn calls_c(line: &str) -> Option<&'static str> {
+    let l = code(line);
+    let driver_call = calls_symbol(l, "sys::cu");
     if driver_call {
         return Some("a raw driver call (sys::cu…)");
     }
@@ -44,13 +50,7 @@ fn calls_c(line: &str) -> Option<&'static str> {
     if l.contains("libloading::Library::new") || l.contains(".get::<") || l.contains("dlsym") {
         return Some("dlopen/dlsym");
     }
-    let nccl_call = l.match_indices("sys::nccl").any(|(i, _)| {
-        let rest = &l[i + "sys::nccl".len()..];
-        rest.chars().next().is_some_and(|c| c.is_ascii_uppercase())
-            && rest
-                .trim_start_matches(|c: char| c.is_ascii_alphanumeric() || c == '_')
-                .starts_with('(')
-    });
+    let nccl_call = calls_symbol(l, "sys::nccl");
     if nccl_call {
         return Some("an NCCL symbol call");
     }

@@ -5,44 +5,16 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+mod support {
+    pub mod counting_alloc;
+}
 
 use half::bf16;
+use support::counting_alloc::{allocations, Counting};
 use symm_allreduce::{Algorithm, Config};
-
-thread_local! {
-    static COUNT: Cell<usize> = const { Cell::new(0) };
-}
-
-/// Counts the current thread's heap allocations.
-struct Counting;
-
-// SAFETY: forwards to the system allocator; the counter is a const-initialised thread-local
-// Cell that never allocates.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        COUNT.with(|c| c.set(c.get() + 1));
-        // SAFETY: the caller's layout contract is passed on unchanged.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `alloc` above with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        COUNT.with(|c| c.set(c.get() + 1));
-        // SAFETY: as for alloc/dealloc.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-fn allocations() -> usize {
-    COUNT.with(|c| c.get())
-}
 
 #[test]
 fn eager_calls_of_every_kind_allocate_nothing() {

@@ -180,44 +180,19 @@ pub(crate) fn route(
     })
 }
 
+/// The lib's test binary counts allocations per thread (see `routing_a_call_allocates_nothing`).
+#[cfg(test)]
+#[path = "../../tests/support/counting_alloc.rs"]
+mod counting;
+
+#[cfg(test)]
+#[global_allocator]
+static GLOBAL: counting::Counting = counting::Counting;
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::kernels::abi::MAX_RANKS;
-
-    /// Counts the heap allocations of the current thread (the lib's test binary installs it
-    /// as the global allocator; other test threads do not disturb the count).
-    mod counting {
-        use std::alloc::{GlobalAlloc, Layout, System};
-        use std::cell::Cell;
-
-        thread_local! {
-            static COUNT: Cell<usize> = const { Cell::new(0) };
-        }
-
-        pub(super) struct Counting;
-
-        // SAFETY: forwards to the system allocator; the thread-local counter is a
-        // const-initialised Cell that never allocates.
-        unsafe impl GlobalAlloc for Counting {
-            unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-                COUNT.with(|c| c.set(c.get() + 1));
-                // SAFETY: the caller's layout contract is passed on unchanged.
-                unsafe { System.alloc(layout) }
-            }
-            unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-                // SAFETY: `ptr` came from `alloc` above with this layout.
-                unsafe { System.dealloc(ptr, layout) }
-            }
-        }
-
-        #[global_allocator]
-        static GLOBAL: Counting = Counting;
-
-        pub(super) fn allocations() -> usize {
-            COUNT.with(|c| c.get())
-        }
-    }
 
     #[test]
     fn routing_a_call_allocates_nothing() {
