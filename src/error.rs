@@ -182,6 +182,19 @@ pub enum Error {
         cause: Box<Error>,
     },
 
+    /// A call came on another stream than this communicator's previous call, and the two
+    /// could not be ordered (an event recorded on the old stream, waited for by the new one).
+    #[error(
+        "this call is on another stream than the communicator's previous call, and ordering it after that \
+         call failed ({source}); keep one stream per communicator while capturing a graph, or synchronize the \
+         previous stream before switching"
+    )]
+    StreamOrder {
+        /// The driver's code.
+        #[source]
+        source: DriverError,
+    },
+
     /// A kernel wrote an error code this version does not know into the error word.
     #[error(
         "a kernel reported error code {code:#x}, which this version of symm-allreduce does not know: every rank \

@@ -1,6 +1,8 @@
 //! One call: validate once, route, run on the chosen backend. Nothing on this path
 //! allocates or formats text unless the call is refused (or NVTX is on).
 
+use std::sync::Arc;
+
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 
 use super::{Communicator, Paths};
@@ -20,7 +22,7 @@ impl Communicator {
         &self,
         input: &impl DevicePtr<T>,
         output: &mut impl DevicePtrMut<T>,
-        stream: &CudaStream,
+        stream: &Arc<CudaStream>,
     ) -> Result<()> {
         self.all_reduce_with(input, output, stream, Algorithm::Auto)
     }
@@ -31,7 +33,7 @@ impl Communicator {
         &self,
         input: &impl DevicePtr<T>,
         output: &mut impl DevicePtrMut<T>,
-        stream: &CudaStream,
+        stream: &Arc<CudaStream>,
         algorithm: Algorithm,
     ) -> Result<()> {
         self.check_usable()?;
@@ -61,7 +63,7 @@ impl Communicator {
     pub fn all_reduce_in_place<T: Element>(
         &self,
         buffer: &mut impl DevicePtrMut<T>,
-        stream: &CudaStream,
+        stream: &Arc<CudaStream>,
         algorithm: Algorithm,
     ) -> Result<()> {
         self.check_usable()?;
@@ -98,7 +100,7 @@ impl Communicator {
     /// call is complete on the stream. Same bits as [`all_reduce`](Self::all_reduce). Sizes
     /// that [`symmetric_path`](Self::symmetric_path) sends to NCCL are reduced by NCCL in
     /// place.
-    pub fn all_reduce_symmetric<T: Element>(&self, len: usize, stream: &CudaStream) -> Result<()> {
+    pub fn all_reduce_symmetric<T: Element>(&self, len: usize, stream: &Arc<CudaStream>) -> Result<()> {
         self.check_usable()?;
         let ptr = self.symmetric_buffer();
         let shape = CallShape::in_place(T::DTYPE, len, ptr, self.device(), stream.context().ordinal());
@@ -108,7 +110,11 @@ impl Communicator {
     }
 
     /// Copies `src` to the start of this rank's symmetric buffer (asynchronously, capturable).
-    pub fn copy_to_symmetric<T: Element>(&self, src: &impl DevicePtr<T>, stream: &CudaStream) -> Result<()> {
+    pub fn copy_to_symmetric<T: Element>(
+        &self,
+        src: &impl DevicePtr<T>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
         self.check_symmetric_copy::<T>(src.len(), src.stream().context().ordinal(), stream)?;
         let (ptr, _read) = src.device_ptr(stream);
         self.copy(self.symmetric_buffer(), ptr, src.len() * T::DTYPE.size(), stream)
@@ -118,7 +124,7 @@ impl Communicator {
     pub fn copy_from_symmetric<T: Element>(
         &self,
         dst: &mut impl DevicePtrMut<T>,
-        stream: &CudaStream,
+        stream: &Arc<CudaStream>,
     ) -> Result<()> {
         self.check_symmetric_copy::<T>(dst.len(), dst.stream().context().ordinal(), stream)?;
         let len = dst.len();
@@ -133,8 +139,9 @@ impl Communicator {
         validate_call(&shape, self.device(), self.layout.data_bytes)
     }
 
-    fn copy(&self, dst: u64, src: u64, bytes: usize, stream: &CudaStream) -> Result<()> {
+    fn copy(&self, dst: u64, src: u64, bytes: usize, stream: &Arc<CudaStream>) -> Result<()> {
         self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        self.order_after_previous_call(stream)?;
         // SAFETY: both ranges are device memory of this rank's device: one is the symmetric
         // buffer (or its stand-in, of the same size), the other a live cudarc buffer of
         // `bytes` bytes; `check_symmetric_copy` validated the devices and that `bytes` fits.
@@ -188,8 +195,25 @@ impl Communicator {
         }
     }
 
+    /// Orders this call after the communicator's previous one when it comes on another
+    /// stream: an event recorded on the previous stream, waited for by this one (both
+    /// capturable). Two calls of one rank never run at once, whatever streams they come on.
+    fn order_after_previous_call(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        let mut order = self.order.borrow_mut();
+        match &order.last {
+            Some(last) if last.cu_stream() == stream.cu_stream() => return Ok(()),
+            Some(last) => {
+                let ordered = order.event.record(last).and_then(|()| stream.wait(&order.event));
+                ordered.map_err(|source| Error::StreamOrder { source })?;
+            }
+            None => {}
+        }
+        order.last = Some(stream.clone());
+        Ok(())
+    }
+
     /// Validates placement for the route's target and runs it.
-    fn run<T: Element>(&self, shape: &CallShape, route: &Route, stream: &CudaStream) -> Result<()> {
+    fn run<T: Element>(&self, shape: &CallShape, route: &Route, stream: &Arc<CudaStream>) -> Result<()> {
         let _range = nvtx::Range::new(|| {
             format!(
                 "symm all_reduce {} {} {} B",
@@ -203,10 +227,13 @@ impl Communicator {
                 validate_placement(shape, self.device(), true)?;
                 let peer = self.peer()?;
                 self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+                self.order_after_previous_call(stream)?;
                 peer.launch(kernel, plan, shape, stream)
             }
             Target::Nccl => {
                 validate_placement(shape, self.device(), false)?;
+                self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+                self.order_after_previous_call(stream)?;
                 self.nccl()?
                     .all_reduce::<T>(shape.input_addr, shape.output_addr, shape.input_len, stream)
             }

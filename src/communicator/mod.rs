@@ -8,7 +8,7 @@ mod local_group;
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use cudarc::driver::CudaContext;
+use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
 
 use crate::backend::nccl::{Fallback, StandIn};
 use crate::backend::peer::PeerBackend;
@@ -80,6 +80,15 @@ pub struct Communicator {
     topology: Topology,
     /// The failure that made the communicator unusable.
     poisoned: RefCell<Option<Error>>,
+    /// The stream of the last call, to order a call on another stream after it.
+    order: RefCell<StreamOrder>,
+}
+
+/// The last call's stream and the event that orders the next call after it.
+#[derive(Debug)]
+struct StreamOrder {
+    last: Option<Arc<CudaStream>>,
+    event: CudaEvent,
 }
 
 impl Communicator {
@@ -157,7 +166,12 @@ impl Communicator {
                 })
             }
         };
+        let event = s
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .during("cuEventCreate")?;
         let comm = Communicator {
+            order: RefCell::new(StreamOrder { last: None, event }),
             paths,
             ctx: s.ctx,
             rank: s.rank,
@@ -346,9 +360,13 @@ impl Communicator {
 
 impl Drop for Communicator {
     fn drop(&mut self) {
-        // Kernels may still read or signal through this rank's mappings; a peer stuck in a
+        // This communicator's kernels may still read or signal through its mappings: wait for
+        // its own last call (every earlier call is ordered before it, whatever its stream),
+        // not for the whole context, which may hold other groups' work. A peer stuck in a
         // barrier is bounded by the timeout. Errors cannot be reported from Drop.
-        let _ = self.ctx.synchronize();
+        if let Some(last) = self.order.get_mut().last.take() {
+            let _ = last.synchronize();
+        }
     }
 }
 

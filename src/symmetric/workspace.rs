@@ -3,7 +3,7 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 
-use super::{Layout, DATA_OFFSET};
+use super::Layout;
 use crate::driver::vmm::{self, Allocation, PeerMapping};
 use crate::error::{Error, Result};
 
@@ -26,7 +26,7 @@ pub(crate) fn allocate(ordinal: usize, layout: &Layout) -> Result<(Allocation, O
 
 impl Workspace {
     /// Imports every peer's allocation from `fds` (indexed by rank; this rank's own is
-    /// skipped), maps them all beside `own` for `device`, and zeroes this rank's signals.
+    /// skipped), maps them all beside `own` for `device`, and zeroes this rank's allocation.
     pub(crate) fn import_and_map(
         rank: usize,
         own: Allocation,
@@ -45,7 +45,11 @@ impl Workspace {
     }
 
     /// Maps `own` and the peers' allocations (indexed by rank, `None` at `rank`) for
-    /// `device`, and zeroes this rank's signal pad and call state.
+    /// `device`, and zeroes all of this rank's allocation: signals, call state, data buffers,
+    /// the symmetric buffer and the low-latency slots. The driver may hand back pages an
+    /// earlier communicator wrote (low-latency lines with live-looking epochs among them);
+    /// nothing a new communicator reads may hold an old one's bytes. (A memset of the whole
+    /// allocation costs well under a millisecond at setup.)
     fn map(
         rank: usize,
         own: Allocation,
@@ -67,7 +71,10 @@ impl Workspace {
         }
         let mapping = PeerMapping::new(&order, layout.alloc_bytes, device)?;
         drop(order);
-        vmm::zero(mapping.base() + (rank * layout.alloc_bytes) as u64, DATA_OFFSET)?;
+        vmm::zero(
+            mapping.base() + (rank * layout.alloc_bytes) as u64,
+            layout.alloc_bytes,
+        )?;
         Ok(Workspace {
             mapping,
             _peers: peers.into_iter().map(|(_, a)| a).collect(),
