@@ -1,6 +1,10 @@
-//! Compiles `kernels/*.cu` with nvcc into one fatbin (sm_80 and sm_90 SASS plus compute_90
-//! PTX) that the library embeds with `include_bytes!`. Also writes the compute_90 PTX and
-//! the `ptxas -v` report, which the tests read to check memory-order scopes and spills.
+//! Compiles every `kernels/*.cu` (discovered, one translation unit) with nvcc into one fatbin
+//! (sm_80 and sm_90 SASS plus compute_90 PTX by default; `SYMM_ALLREDUCE_ARCHS=80,90,...`
+//! overrides the SASS targets) that the library embeds with `include_bytes!`. A source that
+//! starts with `// symm: min-arch 90` is compiled only for targets of at least that
+//! architecture. Also writes the compute_90 PTX and the `ptxas -v` report, which the tests
+//! read to check memory-order scopes and spills. Flags in `CUDA_NVCC_FLAGS` that would break
+//! bit-identical results (`--use_fast_math`, `--ftz=true`, ...) are a build error.
 //!
 //! Without nvcc the crate still builds: the three files are written empty, a cargo warning
 //! says so, and every launch returns `Error::KernelsUnavailable`. Set
@@ -11,22 +15,18 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const SOURCES: &[&str] = &[
-    "kernels/all_reduce.cu",
-    "kernels/primitives.cuh",
-    "kernels/signals.cuh",
-];
-const MAIN_SOURCE: &str = "kernels/all_reduce.cu";
+#[path = "build/support.rs"]
+mod support;
+
+const KERNEL_DIR: &str = "kernels";
 const NVTX_SHIM: &str = "kernels/nvtx_shim.c";
 const LOCAL_NVCC: &str = ".toolchain/nvcc/nvidia/cu13/bin/nvcc";
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(symm_kernels)");
     println!("cargo::rustc-check-cfg=cfg(symm_nvtx)");
-    println!("cargo:rerun-if-changed={NVTX_SHIM}");
-    for s in SOURCES {
-        println!("cargo:rerun-if-changed={s}");
-    }
+    println!("cargo::rerun-if-changed={KERNEL_DIR}");
+    println!("cargo::rerun-if-changed=build/support.rs");
     for v in [
         "NVCC",
         "NVCC_CCBIN",
@@ -35,16 +35,30 @@ fn main() {
         "CUDA_NVCC_FLAGS",
         "DOCS_RS",
         "SYMM_ALLREDUCE_REQUIRE_KERNELS",
+        "SYMM_ALLREDUCE_ARCHS",
         "CC",
     ] {
-        println!("cargo:rerun-if-env-changed={v}");
+        println!("cargo::rerun-if-env-changed={v}");
     }
     let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     if manifest.join(".toolchain/nvcc").is_dir() {
-        println!("cargo:rerun-if-changed={}", manifest.join(LOCAL_NVCC).display());
+        println!("cargo::rerun-if-changed={}", manifest.join(LOCAL_NVCC).display());
     }
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let require = env::var("SYMM_ALLREDUCE_REQUIRE_KERNELS").is_ok_and(|v| v == "1");
+    // Settings that are wrong whether or not nvcc is present are errors, not a silent stub.
+    let settings =
+        support::reject_unsafe_flags(&env::var("CUDA_NVCC_FLAGS").unwrap_or_default()).and_then(|()| {
+            env::var("SYMM_ALLREDUCE_ARCHS")
+                .map_or(Ok(support::DEFAULT_ARCHS.to_vec()), |v| support::parse_archs(&v))
+        });
+    let archs = match settings {
+        Ok(archs) => archs,
+        Err(reason) => {
+            eprintln!("error: {reason}");
+            std::process::exit(1);
+        }
+    };
 
     let result = if env::var_os("DOCS_RS").is_some() {
         Err("building on docs.rs".to_string())
@@ -55,14 +69,14 @@ fn main() {
                  and .toolchain/nvcc from scripts/install-nvcc.sh)"
                     .to_string()
             })
-            .and_then(|nvcc| compile(&nvcc, &manifest, &out))
+            .and_then(|nvcc| compile(&nvcc, &manifest, &out, &archs))
     };
     match result {
         Ok(nvcc) => {
-            println!("cargo:rustc-cfg=symm_kernels");
-            println!("cargo:rustc-env=SYMM_ALLREDUCE_NVCC={}", nvcc.display());
+            println!("cargo::rustc-cfg=symm_kernels");
+            println!("cargo::rustc-env=SYMM_ALLREDUCE_NVCC={}", nvcc.display());
             if let Err(reason) = build_nvtx(&nvcc, &manifest, &out) {
-                println!("cargo:warning=symm-allreduce: NVTX ranges disabled ({reason})");
+                println!("cargo::warning=symm-allreduce: NVTX ranges disabled ({reason})");
             }
         }
         Err(reason) => {
@@ -71,13 +85,13 @@ fn main() {
                 std::process::exit(1);
             }
             println!(
-                "cargo:warning=symm-allreduce: CUDA kernels not built ({reason}); every launch will return \
+                "cargo::warning=symm-allreduce: CUDA kernels not built ({reason}); every launch will return \
                  Error::KernelsUnavailable. Run scripts/install-nvcc.sh or set NVCC=/path/to/nvcc."
             );
             for f in ["kernels.fatbin", "kernels.ptx", "ptxas.txt"] {
                 fs::write(out.join(f), b"").expect("OUT_DIR is writable");
             }
-            println!("cargo:rustc-env=SYMM_ALLREDUCE_NVCC=");
+            println!("cargo::rustc-env=SYMM_ALLREDUCE_NVCC=");
         }
     }
 }
@@ -100,9 +114,34 @@ fn find_nvcc(manifest: &Path) -> Option<PathBuf> {
     candidates.into_iter().find(|p| p.is_file())
 }
 
-fn compile(nvcc: &Path, manifest: &Path, out: &Path) -> Result<PathBuf, String> {
-    let source = manifest.join(MAIN_SOURCE);
-    let mut common: Vec<String> = vec!["-O3".into(), "-std=c++17".into(), "-lineinfo".into()];
+/// Every `kernels/*.cu`, sorted, with the architecture it needs.
+fn kernel_sources(dir: &Path) -> Result<Vec<(String, support::Arch)>, String> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))? {
+        let path = entry.map_err(|e| e.to_string())?.path();
+        if path.extension().is_some_and(|e| e == "cu") {
+            let text = fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let arch = support::min_arch(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            found.push((path.display().to_string(), arch));
+        }
+    }
+    found.sort();
+    if found.is_empty() {
+        return Err(format!("no .cu file in {}", dir.display()));
+    }
+    Ok(found)
+}
+
+fn compile(nvcc: &Path, manifest: &Path, out: &Path, archs: &[support::Arch]) -> Result<PathBuf, String> {
+    let kernels = manifest.join(KERNEL_DIR);
+    let source = out.join("kernels_all.cu");
+    fs::write(&source, support::unity_source(&kernel_sources(&kernels)?)).map_err(|e| e.to_string())?;
+    let mut common: Vec<String> = vec![
+        "-O3".into(),
+        "-std=c++17".into(),
+        "-lineinfo".into(),
+        format!("-I{}", kernels.display()),
+    ];
     if let Ok(ccbin) = env::var("NVCC_CCBIN") {
         common.push(format!("-ccbin={ccbin}"));
     }
@@ -112,11 +151,12 @@ fn compile(nvcc: &Path, manifest: &Path, out: &Path) -> Result<PathBuf, String> 
 
     let fatbin = out.join("kernels.fatbin");
     let mut cmd = Command::new(nvcc);
-    cmd.args(&common)
-        .args(["-fatbin", "-Xptxas", "-v"])
-        .args(["-gencode", "arch=compute_80,code=sm_80"])
-        .args(["-gencode", "arch=compute_90,code=sm_90"])
-        .args(["-gencode", "arch=compute_90,code=compute_90"])
+    cmd.args(&common).args(["-fatbin", "-Xptxas", "-v"]);
+    for arch in archs {
+        cmd.arg("-gencode")
+            .arg(format!("arch=compute_{arch},code=sm_{arch}"));
+    }
+    cmd.args(["-gencode", "arch=compute_90,code=compute_90"])
         .arg("-o")
         .arg(&fatbin)
         .arg(&source);
@@ -153,8 +193,8 @@ fn build_nvtx(nvcc: &Path, manifest: &Path, out: &Path) -> Result<(), String> {
         .out_dir(out)
         .try_compile("symm_nvtx")
         .map_err(|e| e.to_string())?;
-    println!("cargo:rustc-link-lib=dylib=dl");
-    println!("cargo:rustc-cfg=symm_nvtx");
+    println!("cargo::rustc-link-lib=dylib=dl");
+    println!("cargo::rustc-cfg=symm_nvtx");
     Ok(())
 }
 

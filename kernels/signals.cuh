@@ -13,11 +13,10 @@
 //    a fast peer that is already one barrier ahead never breaks a waiter.
 #pragma once
 
-#include "primitives.cuh"
+#include "memory.cuh"
+#include "workspace.cuh"
 
 namespace symm {
-
-enum Phase : uint32_t { PHASE_START = 0, PHASE_MIDDLE = 1, PHASE_END = 2, PHASE_ARRIVAL = 3 };
 
 __device__ __forceinline__ uint32_t* signal_slot(const SymmArgs& a, uint32_t owner, uint32_t phase,
                                                  uint32_t block, uint32_t from) {

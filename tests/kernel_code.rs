@@ -157,3 +157,34 @@ fn no_driver_or_device_is_a_typed_error_not_a_panic() {
     let far = symm_allreduce::context(1000);
     assert!(far.is_err());
 }
+
+#[path = "../build/support.rs"]
+mod build_support;
+
+#[test]
+fn build_settings_are_parsed_and_unsafe_flags_refused() {
+    use build_support::{min_arch, parse_archs, reject_unsafe_flags, unity_source};
+    assert_eq!(parse_archs("80,90").unwrap(), vec![80, 90]);
+    assert_eq!(parse_archs("sm_90 80 90").unwrap(), vec![80, 90]);
+    assert_eq!(parse_archs("compute_100").unwrap(), vec![100]);
+    for bad in ["", "70", "ninety", "80,x"] {
+        assert!(parse_archs(bad).is_err(), "{bad:?}");
+    }
+    assert!(reject_unsafe_flags("-lineinfo --extra-device-vectorization").is_ok());
+    for bad in [
+        "--use_fast_math",
+        "-use_fast_math",
+        "-O3 --ftz=true",
+        "--prec-div=false",
+        "-prec-sqrt=false",
+    ] {
+        let e = reject_unsafe_flags(bad).unwrap_err();
+        assert!(e.contains("bit-identity"), "{e}");
+    }
+    assert_eq!(min_arch("// a kernel\n").unwrap(), 80);
+    assert_eq!(min_arch("// multimem\n// symm: min-arch 90\n").unwrap(), 90);
+    assert!(min_arch("// symm: min-arch x\n").is_err());
+    let unity = unity_source(&[("a.cu".into(), 80), ("b.cu".into(), 90)]);
+    assert!(unity.contains("#include \"a.cu\"\n"));
+    assert!(unity.contains("__CUDA_ARCH__ >= 900\n#include \"b.cu\"\n#endif"));
+}

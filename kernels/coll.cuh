@@ -1,0 +1,50 @@
+// Collective policies: how a kernel body reduces from, stores to and synchronises with every
+// rank. A kernel written over `Coll` runs unchanged on any policy. `UnicastColl` reaches the
+// peers through their mapped symmetric buffers (peer pointers). A multimem policy goes beside
+// it: `load_reduce` as one `multimem.ld_reduce...add.acc::f32` on the multicast address,
+// `broadcast_store` as one `multimem.st`, `barrier` by `multimem.red.release.sys` on a
+// multicast signal counter (sm_90 only; see docs/design.md).
+#pragma once
+
+#include "reduce.cuh"
+
+namespace symm {
+
+struct UnicastColl {
+    const SymmArgs& a;
+    const char* rank0;  // rank 0's symmetric buffer; rank q's is q * stride further
+
+    __device__ explicit UnicastColl(const SymmArgs& args) : a(args), rank0(symmetric_buffer(args, 0)) {}
+
+    // Pack `pack` of every rank's symmetric buffer, summed in rank order.
+    template <typename T>
+    __device__ __forceinline__ uint4 load_reduce(uint64_t pack) const {
+        return sum_ranks<T>(a, rank0, pack);
+    }
+
+    // Element `i` of every rank's symmetric buffer, summed in rank order (the scalar tail).
+    template <typename T>
+    __device__ __forceinline__ float load_reduce_element(uint64_t i) const {
+        float acc = 0.0f;
+        for (uint32_t q = 0; q < a.world; ++q) {
+            const float x = Elem<T>::to_float(__ldcg(reinterpret_cast<const T*>(symmetric_buffer(a, q)) + i));
+            acc = q == 0 ? x : acc + x;
+        }
+        return acc;
+    }
+
+    // Stores `v` as pack `pack` of every rank's symmetric buffer.
+    __device__ __forceinline__ void broadcast_store(uint64_t pack, uint4 v) const {
+#pragma unroll
+        for (uint32_t q = 0; q < MAX_RANKS; ++q) {
+            if (q < a.world) reinterpret_cast<uint4*>(symmetric_buffer(a, q))[pack] = v;
+        }
+    }
+
+    // Barrier between block blockIdx.x of every rank (false if a wait timed out).
+    __device__ __forceinline__ bool barrier(uint32_t phase, uint32_t epoch) const {
+        return block_barrier(a, phase, epoch);
+    }
+};
+
+}  // namespace symm

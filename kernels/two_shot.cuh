@@ -1,0 +1,66 @@
+// Two-shot all-reduce over peer pointers: reduce-scatter, then all-gather.
+#pragma once
+
+#include "reduce.cuh"
+
+namespace symm {
+
+// Two-shot: copy in, start barrier, reduce-scatter (rank r reduces slice r and keeps the
+// result in its own data buffer), middle barrier (release/acquire publishes the reduced
+// slices), all-gather of every peer's reduced slice.
+template <typename T>
+__device__ __forceinline__ void two_shot(const T* in, T* out, uint64_t n, const SymmArgs& a) {
+    const uint32_t epoch = begin_call(a);
+    const uint32_t parity = epoch & 1;
+    const uint64_t packs = n / Elem<T>::PER_PACK;
+    const uint64_t slice = (packs + a.world - 1) / a.world;
+    const PackLoop loop;
+    const uint4* src = reinterpret_cast<const uint4*>(in);
+    uint4* dst = reinterpret_cast<uint4*>(out);
+    uint4* mine = reinterpret_cast<uint4*>(data_buffer(a, a.rank, parity));
+    const char* rank0 = data_buffer(a, 0, parity);
+
+    // Copy in with the slice-relative pattern: block b writes, in every slice, the packs
+    // that block b of the slice's owner reduces after the start barrier.
+    for (uint64_t i = loop.first; i < slice; i += loop.step) {
+        for (uint32_t q = 0; q < a.world; ++q) {
+            const uint64_t p = q * slice + i;
+            if (p < packs) mine[p] = src[p];
+        }
+    }
+    copy_tail_in(a, parity, in, n);
+
+    if (!block_barrier(a, PHASE_START, epoch)) {
+        end_call(a, epoch);
+        return;
+    }
+    for (uint64_t i = loop.first; i < slice; i += loop.step) {
+        const uint64_t p = a.rank * slice + i;
+        if (p < packs) {
+            const uint4 r = sum_ranks<T>(a, rank0, p);
+            mine[p] = r;
+            dst[p] = r;
+        }
+    }
+    sum_tail(a, parity, out, n);
+
+    if (block_barrier(a, PHASE_MIDDLE, epoch)) {
+        for (uint64_t i = loop.first; i < slice; i += loop.step) {
+            uint4 v[MAX_RANKS];
+#pragma unroll
+            for (uint32_t q = 0; q < MAX_RANKS; ++q) {
+                const uint64_t p = q * slice + i;
+                if (q < a.world && q != a.rank && p < packs)
+                    v[q] = load_peer_pack(reinterpret_cast<const uint4*>(rank0 + q * a.stride) + p);
+            }
+#pragma unroll
+            for (uint32_t q = 0; q < MAX_RANKS; ++q) {
+                const uint64_t p = q * slice + i;
+                if (q < a.world && q != a.rank && p < packs) dst[p] = v[q];
+            }
+        }
+    }
+    end_call(a, epoch);
+}
+
+}  // namespace symm
