@@ -45,6 +45,11 @@ mod wire;
 
 #[doc(hidden)]
 pub use bootstrap::{fds::gather_fds_over_abstract_sockets as __exchange_fds, frames as __wire};
+/// The message encoding, for symm-bench (not a stable API).
+#[doc(hidden)]
+pub mod __codec {
+    pub use crate::wire::{Reader, Wire, Writer};
+}
 pub use bootstrap::{
     Bootstrap, LocalHub, NcclBootstrap, PeerCheck, PeerCredentials, SocketStore, StoreAddress, StoreOptions,
 };

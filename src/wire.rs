@@ -5,10 +5,11 @@
 //! taking them back in the same order ([`Reader::take`]). Decoding never panics and never
 //! allocates more than the bytes it was given: a length prefix is checked against the bytes
 //! that remain before anything is reserved. The setup messages (hello, limits, topology
-//! rows, votes), the NCCL bootstrap's frames and the socket store's frames all use it.
+//! rows, votes), the NCCL bootstrap's frames and the socket store's frames all use it, and so
+//! does symm-bench (through the hidden `__codec` re-export; not a stable API).
 
 /// A value with a wire form.
-pub(crate) trait Wire: Sized {
+pub trait Wire: Sized {
     /// Appends the wire form.
     fn put(&self, w: &mut Writer);
     /// Reads one value (`None`: truncated or malformed).
@@ -31,48 +32,48 @@ pub(crate) trait Wire: Sized {
 
 /// Builds a message.
 #[derive(Debug, Default)]
-pub(crate) struct Writer(Vec<u8>);
+pub struct Writer(Vec<u8>);
 
 impl Writer {
     /// With room for `bytes` bytes.
-    pub(crate) fn with_capacity(bytes: usize) -> Self {
+    pub fn with_capacity(bytes: usize) -> Self {
         Writer(Vec::with_capacity(bytes))
     }
 
     /// Appends `v`'s wire form.
-    pub(crate) fn put<T: Wire>(&mut self, v: &T) -> &mut Self {
+    pub fn put<T: Wire>(&mut self, v: &T) -> &mut Self {
         v.put(self);
         self
     }
 
     /// Appends bytes as they are (no length prefix): a message's tail.
-    pub(crate) fn raw(&mut self, bytes: &[u8]) -> &mut Self {
+    pub fn raw(&mut self, bytes: &[u8]) -> &mut Self {
         self.0.extend_from_slice(bytes);
         self
     }
 
     /// The message.
-    pub(crate) fn finish(&mut self) -> Vec<u8> {
+    pub fn finish(&mut self) -> Vec<u8> {
         std::mem::take(&mut self.0)
     }
 }
 
 /// Reads a message front to back.
 #[derive(Debug, Clone)]
-pub(crate) struct Reader<'a>(&'a [u8]);
+pub struct Reader<'a>(&'a [u8]);
 
 impl<'a> Reader<'a> {
-    pub(crate) fn new(bytes: &'a [u8]) -> Self {
+    pub fn new(bytes: &'a [u8]) -> Self {
         Reader(bytes)
     }
 
     /// The next value.
-    pub(crate) fn take<T: Wire>(&mut self) -> Option<T> {
+    pub fn take<T: Wire>(&mut self) -> Option<T> {
         T::take(self)
     }
 
     /// The next `n` bytes.
-    pub(crate) fn raw(&mut self, n: usize) -> Option<&'a [u8]> {
+    pub fn raw(&mut self, n: usize) -> Option<&'a [u8]> {
         if n > self.0.len() {
             return None;
         }
@@ -82,11 +83,11 @@ impl<'a> Reader<'a> {
     }
 
     /// Bytes left.
-    pub(crate) fn remaining(&self) -> usize {
+    pub fn remaining(&self) -> usize {
         self.0.len()
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 }
@@ -115,6 +116,16 @@ impl Wire for bool {
             1 => Some(true),
             _ => None,
         }
+    }
+}
+
+/// `f64` travels as its IEEE bits (NaN payloads included).
+impl Wire for f64 {
+    fn put(&self, w: &mut Writer) {
+        w.put(&self.to_bits());
+    }
+    fn take(r: &mut Reader<'_>) -> Option<Self> {
+        Some(f64::from_bits(r.take()?))
     }
 }
 

@@ -28,6 +28,7 @@ use indicatif::ProgressBar;
 use symm_allreduce::cudarc::driver::{CudaSlice, CudaStream};
 use symm_allreduce::cudarc::nccl::{Comm, Id};
 use symm_allreduce::{Algorithm, Bootstrap, Communicator, Config, DType, SocketStore, StoreAddress};
+use symm_allreduce::__codec::{Reader, Wire, Writer};
 
 use crate::args::{format_size, round_to_elements, AlgoChoice, Args, Mode, RunPlan, ONE_SHOT_SWEEP_MAX};
 use crate::bench::{self, measure, BenchError, Measured, Placement};
@@ -372,30 +373,6 @@ impl ChildEnv {
     }
 }
 
-/// Something a rank all-gathers.
-trait Wire: Sized {
-    fn encode(&self) -> Vec<u8>;
-    fn decode(bytes: &[u8]) -> Option<Self>;
-}
-
-impl Wire for u64 {
-    fn encode(&self) -> Vec<u8> {
-        self.to_le_bytes().to_vec()
-    }
-    fn decode(bytes: &[u8]) -> Option<Self> {
-        Some(u64::from_le_bytes(bytes.try_into().ok()?))
-    }
-}
-
-impl Wire for String {
-    fn encode(&self) -> Vec<u8> {
-        self.as_bytes().to_vec()
-    }
-    fn decode(bytes: &[u8]) -> Option<Self> {
-        Some(String::from_utf8_lossy(bytes).into_owned())
-    }
-}
-
 /// One rank's timing of one row and mode.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct RankTiming {
@@ -436,48 +413,34 @@ impl RankTiming {
 }
 
 impl Wire for RankTiming {
-    fn encode(&self) -> Vec<u8> {
-        let none = f64::NAN;
-        [
-            self.median,
-            self.p10,
-            self.p90,
-            self.samples as f64,
-            self.host_us,
-            self.empty_us.unwrap_or(none),
-            self.empty_host_us.unwrap_or(none),
-        ]
-        .iter()
-        .flat_map(|v| v.to_le_bytes())
-        .collect()
+    fn put(&self, w: &mut Writer) {
+        w.put(&self.median)
+            .put(&self.p10)
+            .put(&self.p90)
+            .put(&self.samples)
+            .put(&self.host_us)
+            .put(&self.empty_us)
+            .put(&self.empty_host_us);
     }
-    fn decode(bytes: &[u8]) -> Option<Self> {
-        if bytes.len() != 7 * 8 {
-            return None;
-        }
-        let v: Vec<f64> = bytes
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().unwrap_or_default()))
-            .collect();
-        let opt = |x: f64| (!x.is_nan()).then_some(x);
+    fn take(r: &mut Reader<'_>) -> Option<Self> {
         Some(RankTiming {
-            median: v[0],
-            p10: v[1],
-            p90: v[2],
-            samples: v[3] as usize,
-            host_us: v[4],
-            empty_us: opt(v[5]),
-            empty_host_us: opt(v[6]),
+            median: r.take()?,
+            p10: r.take()?,
+            p90: r.take()?,
+            samples: r.take()?,
+            host_us: r.take()?,
+            empty_us: r.take()?,
+            empty_host_us: r.take()?,
         })
     }
 }
 
 fn gather<T: Wire>(b: &dyn Bootstrap, value: &T) -> Result<Vec<T>, BenchError> {
-    b.all_gather(&value.encode())?
+    b.all_gather(&value.to_wire())?
         .iter()
         .enumerate()
         .map(|(r, bytes)| {
-            T::decode(bytes)
+            T::from_wire(bytes)
                 .ok_or_else(|| BenchError::Ranks(format!("rank {r} sent {} malformed bytes", bytes.len())))
         })
         .collect()
@@ -1030,12 +993,12 @@ mod tests {
     #[test]
     fn timings_travel_and_the_slowest_rank_sets_the_row() {
         for t in [timing(12.5, Some(3.0)), timing(4.0, None)] {
-            assert_eq!(RankTiming::decode(&t.encode()), Some(t));
+            assert_eq!(RankTiming::from_wire(&t.to_wire()), Some(t));
         }
-        assert_eq!(RankTiming::decode(&[0u8; 55]), None);
-        assert_eq!(u64::decode(&42u64.encode()), Some(42));
-        assert_eq!(u64::decode(&[1, 2]), None);
-        assert_eq!(String::decode(&"ok".to_string().encode()), Some("ok".into()));
+        assert_eq!(RankTiming::from_wire(&[0u8; 55]), None);
+        assert_eq!(u64::from_wire(&42u64.to_wire()), Some(42));
+        assert_eq!(u64::from_wire(&[1, 2]), None);
+        assert_eq!(String::from_wire(&"ok".to_string().to_wire()), Some("ok".into()));
 
         let all = [
             timing(10.0, Some(4.0)),
