@@ -25,10 +25,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
+use symm_allreduce::__codec::{Reader, Wire, Writer};
 use symm_allreduce::cudarc::driver::{CudaSlice, CudaStream};
 use symm_allreduce::cudarc::nccl::{Comm, Id};
 use symm_allreduce::{Algorithm, Bootstrap, Communicator, Config, DType, SocketStore, StoreAddress};
-use symm_allreduce::__codec::{Reader, Wire, Writer};
 
 use crate::args::{format_size, round_to_elements, AlgoChoice, Args, Mode, RunPlan, ONE_SHOT_SWEEP_MAX};
 use crate::bench::{self, measure, BenchError, Measured, Placement};
