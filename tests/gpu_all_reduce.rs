@@ -2,6 +2,9 @@
 //! stream and its own mapping of every peer's memory): every result is compared with the fp32
 //! rank-order emulation bit for bit and with an f64 reference within a dtype-aware bound, and
 //! every rank's output with rank 0's.
+//!
+//! Run by [`common::harness`] (`harness = false`): without a GPU every test is reported as
+//! ignored with the reason, and the run ends with a line counting GPU tests ran and skipped.
 
 mod common;
 
@@ -9,16 +12,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{
-    check_against_f64, check_bits, collect_outputs, emulate, gpu, group, random_input, rng, TestElem,
-};
+use common::{check_against_f64, check_bits, collect_outputs, emulate, group, random_input, rng, TestElem};
 use half::{bf16, f16};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PropConfig, TestRunner};
 use rand::Rng;
 use std::cell::RefCell;
 use symm_allreduce::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use symm_allreduce::cudarc::driver::{CudaSlice, CudaStream};
+use symm_allreduce::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use symm_allreduce::{Algorithm, Communicator, Config, DType, Error};
 
 const ALGOS: [Algorithm; 4] = [
@@ -124,11 +125,7 @@ fn dispatch(
     }
 }
 
-#[test]
-fn proptest_dtype_world_count_algorithm_against_references() {
-    let Some(ctx) = gpu("proptest_dtype_world_count_algorithm_against_references") else {
-        return;
-    };
+fn proptest_dtype_world_count_algorithm_against_references(ctx: Arc<CudaContext>) {
     let max_len = 4 << 20;
     let groups: RefCell<HashMap<usize, common::Group>> = RefCell::default();
     let strategy = (
@@ -158,11 +155,7 @@ fn proptest_dtype_world_count_algorithm_against_references() {
         .unwrap();
 }
 
-#[test]
-fn edge_sizes_every_dtype_world_and_algorithm() {
-    let Some(ctx) = gpu("edge_sizes_every_dtype_world_and_algorithm") else {
-        return;
-    };
+fn edge_sizes_every_dtype_world_and_algorithm(ctx: Arc<CudaContext>) {
     let sizes = [
         1usize, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 511, 4095, 4096, 4097, 65_537,
     ];
@@ -178,11 +171,7 @@ fn edge_sizes_every_dtype_world_and_algorithm() {
     }
 }
 
-#[test]
-fn one_shot_and_two_shot_agree_bit_for_bit() {
-    let Some(ctx) = gpu("one_shot_and_two_shot_agree_bit_for_bit") else {
-        return;
-    };
+fn one_shot_and_two_shot_agree_bit_for_bit(ctx: Arc<CudaContext>) {
     let (comms, streams) = group(&ctx, 8, config(8 << 20));
     let mut g = rng(7);
     for len in [13usize, 4099, 262_147, 1_000_003] {
@@ -201,11 +190,7 @@ fn one_shot_and_two_shot_agree_bit_for_bit() {
     }
 }
 
-#[test]
-fn nan_and_inf_propagate_as_ieee_sums() {
-    let Some(ctx) = gpu("nan_and_inf_propagate_as_ieee_sums") else {
-        return;
-    };
+fn nan_and_inf_propagate_as_ieee_sums(ctx: Arc<CudaContext>) {
     let (comms, streams) = group(&ctx, 4, config(1 << 20));
     let len = 1027;
     let mut g = rng(11);
@@ -224,11 +209,7 @@ fn nan_and_inf_propagate_as_ieee_sums() {
     }
 }
 
-#[test]
-fn in_place_all_reduce_matches_out_of_place() {
-    let Some(ctx) = gpu("in_place_all_reduce_matches_out_of_place") else {
-        return;
-    };
+fn in_place_all_reduce_matches_out_of_place(ctx: Arc<CudaContext>) {
     let (comms, streams) = group(&ctx, 4, config(4 << 20));
     let mut g = rng(3);
     for (len, algo) in [
@@ -255,10 +236,7 @@ fn in_place_all_reduce_matches_out_of_place() {
 /// 1000 calls enqueued back to back (no host sync in between), each on fresh random data
 /// with its own length and algorithm, so the grid and the buffer parity change between
 /// calls; one sync at the end, then all 1000 results are checked.
-fn back_to_back(world: usize, seed: u64) {
-    let Some(ctx) = gpu("thousand_back_to_back_calls") else {
-        return;
-    };
+fn back_to_back(ctx: Arc<CudaContext>, world: usize, seed: u64) {
     const CALLS: usize = 1000;
     const SLOT: usize = 6000; // elements, a multiple of 8: every slot is 16-byte aligned
     let (comms, streams) = group(&ctx, world, config(SLOT * 2));
@@ -296,24 +274,18 @@ fn back_to_back(world: usize, seed: u64) {
     }
 }
 
-#[test]
-fn thousand_back_to_back_calls_world_8() {
-    back_to_back(8, 1);
+fn thousand_back_to_back_calls_world_8(ctx: Arc<CudaContext>) {
+    back_to_back(ctx, 8, 1);
 }
 
-#[test]
-fn thousand_back_to_back_calls_world_3() {
-    back_to_back(3, 2);
+fn thousand_back_to_back_calls_world_3(ctx: Arc<CudaContext>) {
+    back_to_back(ctx, 3, 2);
 }
 
 /// Each rank captures one graph holding 10 all-reduces (sizes on both sides of the
 /// crossover, forced and automatic algorithms); the graphs are replayed 100 times, with new
 /// inputs copied in before every replay.
-#[test]
-fn graph_of_ten_all_reduces_replays_100_times_on_new_inputs() {
-    let Some(ctx) = gpu("graph_of_ten_all_reduces_replays_100_times_on_new_inputs") else {
-        return;
-    };
+fn graph_of_ten_all_reduces_replays_100_times_on_new_inputs(ctx: Arc<CudaContext>) {
     const W: usize = 8;
     let ops: [(usize, Algorithm); 10] = [
         (1, Algorithm::Auto),
@@ -414,11 +386,7 @@ fn replay_on_fresh_inputs(
     }
 }
 
-#[test]
-fn bad_inputs_return_typed_errors_and_touch_nothing() {
-    let Some(ctx) = gpu("bad_inputs_return_typed_errors_and_touch_nothing") else {
-        return;
-    };
+fn bad_inputs_return_typed_errors_and_touch_nothing(ctx: Arc<CudaContext>) {
     let (comms, streams) = group(&ctx, 2, config(4096));
     let s = &streams[0];
     let input = s.clone_htod(&[1.0f32; 2048]).unwrap();
@@ -473,11 +441,7 @@ fn bad_inputs_return_typed_errors_and_touch_nothing() {
     .unwrap();
 }
 
-#[test]
-fn stuck_peer_times_out_poisons_and_does_not_hang() {
-    let Some(ctx) = gpu("stuck_peer_times_out_poisons_and_does_not_hang") else {
-        return;
-    };
+fn stuck_peer_times_out_poisons_and_does_not_hang(ctx: Arc<CudaContext>) {
     let timeout = Duration::from_millis(200);
     for algo in [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::LowLatency] {
         let comms = Communicator::local_group(
@@ -578,11 +542,7 @@ fn symmetric_rounds<T: TestElem>(
     }
 }
 
-#[test]
-fn symmetric_in_place_every_dtype_and_world_back_to_back() {
-    let Some(ctx) = gpu("symmetric_in_place_every_dtype_and_world_back_to_back") else {
-        return;
-    };
+fn symmetric_in_place_every_dtype_and_world_back_to_back(ctx: Arc<CudaContext>) {
     let lens = [1usize, 7, 9, 4099, 100_003, 16, 65_536, 3, 250_001, 8];
     for world in [1usize, 2, 3, 4, 8] {
         symmetric_rounds::<f32>(world, &lens, world as u64, &ctx);
@@ -595,11 +555,7 @@ fn symmetric_in_place_every_dtype_and_world_back_to_back() {
     symmetric_rounds::<bf16>(8, &many, 77, &ctx);
 }
 
-#[test]
-fn symmetric_in_place_replays_in_a_graph() {
-    let Some(ctx) = gpu("symmetric_in_place_replays_in_a_graph") else {
-        return;
-    };
+fn symmetric_in_place_replays_in_a_graph(ctx: Arc<CudaContext>) {
     const W: usize = 4;
     let len = 200_003;
     let (comms, streams) = group(&ctx, W, config(len * 2));
@@ -631,4 +587,24 @@ fn symmetric_in_place_replays_in_a_graph() {
             verify(inputs, outs, &format!("symmetric graph replay {replay}")).unwrap();
         },
     );
+}
+
+fn main() -> std::process::ExitCode {
+    common::harness::run(
+        "gpu_all_reduce",
+        vec![
+            gpu_test!(proptest_dtype_world_count_algorithm_against_references),
+            gpu_test!(edge_sizes_every_dtype_world_and_algorithm),
+            gpu_test!(one_shot_and_two_shot_agree_bit_for_bit),
+            gpu_test!(nan_and_inf_propagate_as_ieee_sums),
+            gpu_test!(in_place_all_reduce_matches_out_of_place),
+            gpu_test!(thousand_back_to_back_calls_world_8),
+            gpu_test!(thousand_back_to_back_calls_world_3),
+            gpu_test!(graph_of_ten_all_reduces_replays_100_times_on_new_inputs),
+            gpu_test!(bad_inputs_return_typed_errors_and_touch_nothing),
+            gpu_test!(stuck_peer_times_out_poisons_and_does_not_hang),
+            gpu_test!(symmetric_in_place_every_dtype_and_world_back_to_back),
+            gpu_test!(symmetric_in_place_replays_in_a_graph),
+        ],
+    )
 }

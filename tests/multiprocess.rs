@@ -10,6 +10,10 @@
 //!
 //! Also here, in one process: the NCCL bootstrap and fallback with a world of one (NCCL
 //! refuses two ranks on one device).
+//!
+//! Run by [`common::harness`] (`harness = false`): without a GPU (or NCCL) the tests that
+//! need one are reported as ignored with the reason, and the run ends with a line counting
+//! GPU tests ran and skipped.
 
 mod common;
 
@@ -21,9 +25,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{
-    check_against_f64, check_bits, emulate, gpu, gpu_available, open_fd_count, random_input, rng, TestElem,
-};
+use common::{check_against_f64, check_bits, emulate, gpu, open_fd_count, random_input, rng, TestElem};
 use half::{bf16, f16};
 use symm_allreduce::cudarc::driver::{result as cuda, CudaContext, CudaStream};
 use symm_allreduce::{Algorithm, Bootstrap, Communicator, Config, DType, Error, SocketStore, StoreAddress};
@@ -66,8 +68,7 @@ fn launch(scenario: &str, world: usize, extra: &[(&str, String)]) -> Vec<Rank> {
             let log = dir.join(format!("symm-mp-{scenario}-{}-{rank}.log", std::process::id()));
             let out = std::fs::File::create(&log).expect("log file");
             let mut cmd = Command::new(&exe);
-            cmd.args(["rank_process_entry", "--exact", "--nocapture", "--test-threads=1"])
-                .env(CHILD_ENV, scenario)
+            cmd.env(CHILD_ENV, scenario)
                 .env(RANK_ENV, rank.to_string())
                 .env(WORLD_ENV, world.to_string())
                 .env(ADDR_ENV, &address)
@@ -151,13 +152,9 @@ fn assert_all_passed(what: &str, finished: &[Finished]) {
 
 // ---- Child side ------------------------------------------------------------------------------
 
-/// The entry point of every rank process. Without `SYMM_MP_CHILD` it does nothing, so it
-/// also passes in a normal test run.
-#[test]
-fn rank_process_entry() {
-    let Ok(scenario) = std::env::var(CHILD_ENV) else {
-        return;
-    };
+/// The entry point of every rank process: `main` calls it instead of the tests when
+/// `SYMM_MP_CHILD` is set. A failure panics, so the process exits non-zero.
+fn rank_process_entry(scenario: String) {
     let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set"));
     let rank: usize = var(RANK_ENV).parse().expect("rank");
     let world: usize = var(WORLD_ENV).parse().expect("world");
@@ -177,7 +174,7 @@ fn rank_process_entry() {
         other => Err(format!("unknown scenario {other}")),
     };
     match outcome {
-        // On a line of its own (the harness has printed "test ... " without a newline).
+        // On a line of its own.
         Ok(msg) => println!("\nRANK {rank}/{world} {scenario} OK: {msg}"),
         Err(e) => panic!("RANK {rank}/{world} {scenario} FAILED: {e}"),
     }
@@ -528,7 +525,6 @@ fn child_nccl_refused(rank: usize, world: usize, address: &StoreAddress) -> Outc
 
 // ---- Tests (parent side) ---------------------------------------------------------------------
 
-#[test]
 fn socket_store_across_processes_gathers_bytes_and_passes_descriptors() {
     let finished = finish(launch("store", 3, &[]), Duration::from_secs(60));
     assert_all_passed("socket store, 3 processes", &finished);
@@ -546,7 +542,6 @@ fn assert_survivors_passed(finished: Vec<Finished>, die_rank: usize, what: &str)
     assert_all_passed(what, &alive);
 }
 
-#[test]
 fn a_store_rank_killed_mid_exchange_is_an_error_for_the_others_at_once() {
     for die_rank in [2usize, 0] {
         let started = Instant::now();
@@ -563,22 +558,14 @@ fn a_store_rank_killed_mid_exchange_is_an_error_for_the_others_at_once() {
     }
 }
 
-#[test]
 fn two_and_four_processes_on_one_gpu_map_each_other_and_reduce_correctly() {
-    if !gpu_available("two_and_four_processes_on_one_gpu_map_each_other_and_reduce_correctly") {
-        return;
-    }
     for world in [2usize, 4] {
         let finished = finish(launch("allreduce", world, &[]), Duration::from_secs(240));
         assert_all_passed(&format!("all-reduce, {world} processes"), &finished);
     }
 }
 
-#[test]
 fn a_rank_killed_during_setup_makes_the_others_fail_fast_without_leaks() {
-    if !gpu_available("a_rank_killed_during_setup_makes_the_others_fail_fast_without_leaks") {
-        return;
-    }
     // Setup exchanges: 1 device vote, 2 hello, 3 topology, 4 device-check vote, 5 kernels
     // vote, 6 limits, 7 allocation vote, 8 descriptor exchange, 9 its vote, 10 mapping vote.
     for (die_rank, die_at, when) in [
@@ -605,40 +592,17 @@ fn a_rank_killed_during_setup_makes_the_others_fail_fast_without_leaks() {
     }
 }
 
-#[test]
 fn creating_and_dropping_multi_process_communicators_leaks_nothing() {
-    if !gpu_available("creating_and_dropping_multi_process_communicators_leaks_nothing") {
-        return;
-    }
     let finished = finish(launch("leak", 2, &[]), Duration::from_secs(180));
     assert_all_passed("leak check, 2 processes", &finished);
 }
 
-#[test]
 fn nccl_refusing_two_ranks_on_one_gpu_leaves_the_kernels_working() {
-    if !gpu_available("nccl_refusing_two_ranks_on_one_gpu_leaves_the_kernels_working") {
-        return;
-    }
     let finished = finish(launch("nccl_refused", 2, &[]), Duration::from_secs(180));
     assert_all_passed("with_nccl_fallback, 2 processes on one GPU", &finished);
 }
 
 // ---- NCCL, one process -----------------------------------------------------------------------
-
-/// NCCL through both loaders (this crate's and cudarc's), or a skip (a failure under
-/// REQUIRE_GPU=1).
-fn nccl_present(test: &str) -> bool {
-    let reason = match symm_allreduce::nccl_library() {
-        // SAFETY: only loads the library to see whether it is there.
-        Ok(_) if unsafe { symm_allreduce::cudarc::nccl::sys::is_culib_present() } => return true,
-        Ok(info) => format!("NCCL is {} but cudarc cannot load it under its names", info.name),
-        Err(e) => e.to_string(),
-    };
-    let required = std::env::var("REQUIRE_GPU").is_ok_and(|v| v == "1");
-    assert!(!required, "REQUIRE_GPU=1 but {test} cannot run: {reason}");
-    common::skip(test, &reason);
-    false
-}
 
 fn nccl_world_of_one(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>) -> symm_allreduce::cudarc::nccl::Comm {
     use symm_allreduce::cudarc::nccl::{Comm, Id};
@@ -647,15 +611,7 @@ fn nccl_world_of_one(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>) -> symm_a
     Comm::from_rank(stream.clone(), 0, 1, id).expect("ncclCommInitRank")
 }
 
-#[test]
-fn nccl_bootstrap_world_of_one_routes_large_calls_to_nccl_correctly() {
-    let test = "nccl_bootstrap_world_of_one_routes_large_calls_to_nccl_correctly";
-    let Some(ctx) = gpu(test) else {
-        return;
-    };
-    if !nccl_present(test) {
-        return;
-    }
+fn nccl_bootstrap_world_of_one_routes_large_calls_to_nccl_correctly(ctx: Arc<CudaContext>) {
     let nccl_stream = ctx.new_stream().unwrap();
     let config = Config {
         capacity_bytes: 1 << 20,
@@ -708,12 +664,7 @@ fn nccl_bootstrap_world_of_one_routes_large_calls_to_nccl_correctly() {
     ));
 }
 
-#[test]
-fn every_call_goes_to_nccl_when_the_peer_kernels_are_off() {
-    let test = "every_call_goes_to_nccl_when_the_peer_kernels_are_off";
-    let Some(ctx) = gpu(test) else {
-        return;
-    };
+fn peer_kernels_off_without_nccl_is_refused_and_nccl_calls_fail_typed(ctx: Arc<CudaContext>) {
     // Without a fallback, turning the kernels off is refused with a reason.
     let off = Config {
         peer_kernels: false,
@@ -730,10 +681,14 @@ fn every_call_goes_to_nccl_when_the_peer_kernels_are_off() {
         .all_reduce_with(&x, &mut y, &s, Algorithm::Nccl)
         .unwrap_err();
     assert!(matches!(err, Error::NcclUnavailable { .. }), "{err}");
-    drop(plain);
-    if !nccl_present(test) {
-        return;
-    }
+}
+
+fn every_call_goes_to_nccl_when_the_peer_kernels_are_off(ctx: Arc<CudaContext>) {
+    let off = Config {
+        peer_kernels: false,
+        capacity_bytes: 1 << 20,
+        ..Config::default()
+    };
     let nccl_stream = ctx.new_stream().unwrap();
     let comm = Communicator::from_nccl(nccl_world_of_one(&ctx, &nccl_stream), off).unwrap();
     eprintln!("{}", comm.describe());
@@ -756,15 +711,7 @@ fn every_call_goes_to_nccl_when_the_peer_kernels_are_off() {
     }
 }
 
-#[test]
-fn own_nccl_fallback_over_a_socket_store_world_of_one() {
-    let test = "own_nccl_fallback_over_a_socket_store_world_of_one";
-    let Some(ctx) = gpu(test) else {
-        return;
-    };
-    if !nccl_present(test) {
-        return;
-    }
+fn own_nccl_fallback_over_a_socket_store_world_of_one(ctx: Arc<CudaContext>) {
     let info = symm_allreduce::nccl_library().unwrap();
     let store = SocketStore::new(
         &StoreAddress::unique("symm-test").unwrap(),
@@ -796,4 +743,26 @@ fn own_nccl_fallback_over_a_socket_store_world_of_one() {
     ] {
         checked(dtype, &comm, &stream, len, how, 3).unwrap();
     }
+}
+
+fn main() -> std::process::ExitCode {
+    if let Ok(scenario) = std::env::var(CHILD_ENV) {
+        rank_process_entry(scenario);
+        return std::process::ExitCode::SUCCESS;
+    }
+    common::harness::run(
+        "multiprocess",
+        vec![
+            cpu_test!(socket_store_across_processes_gathers_bytes_and_passes_descriptors),
+            cpu_test!(a_store_rank_killed_mid_exchange_is_an_error_for_the_others_at_once),
+            gpu_processes_test!(two_and_four_processes_on_one_gpu_map_each_other_and_reduce_correctly),
+            gpu_processes_test!(a_rank_killed_during_setup_makes_the_others_fail_fast_without_leaks),
+            gpu_processes_test!(creating_and_dropping_multi_process_communicators_leaks_nothing),
+            gpu_processes_test!(nccl_refusing_two_ranks_on_one_gpu_leaves_the_kernels_working),
+            gpu_nccl_test!(nccl_bootstrap_world_of_one_routes_large_calls_to_nccl_correctly),
+            gpu_test!(peer_kernels_off_without_nccl_is_refused_and_nccl_calls_fail_typed),
+            gpu_nccl_test!(every_call_goes_to_nccl_when_the_peer_kernels_are_off),
+            gpu_nccl_test!(own_nccl_fallback_over_a_socket_store_world_of_one),
+        ],
+    )
 }

@@ -1,12 +1,15 @@
 //! Reliability on the GPU (virtual ranks): a long soak with sampled verification, create and
 //! drop without leaks, and a peer that was dropped.
+//!
+//! Run by [`common::harness`] (`harness = false`): without a GPU every test is reported as
+//! ignored with the reason, and the run ends with a line counting GPU tests ran and skipped.
 
 mod common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{check_against_f64, check_bits, emulate, gpu, group, random_input, rng, TestElem};
+use common::{check_against_f64, check_bits, emulate, group, random_input, rng, TestElem};
 use half::{bf16, f16};
 use rand::Rng;
 use symm_allreduce::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
@@ -77,11 +80,7 @@ impl<T: TestElem> Pools<T> {
     }
 }
 
-#[test]
-fn soak_100k_calls_random_sizes_and_dtypes_sampled_verification() {
-    let Some(ctx) = gpu("soak_100k_calls_random_sizes_and_dtypes_sampled_verification") else {
-        return;
-    };
+fn soak_100k_calls_random_sizes_and_dtypes_sampled_verification(ctx: Arc<CudaContext>) {
     const CALLS: usize = 100_000;
     const POOL: usize = 1 << 20;
     const MAX_LEN: usize = 70_000;
@@ -131,11 +130,7 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
 }
 
-#[test]
-fn create_and_drop_200_times_leaks_no_memory_or_descriptors() {
-    let Some(ctx) = gpu("create_and_drop_200_times_leaks_no_memory_or_descriptors") else {
-        return;
-    };
+fn create_and_drop_200_times_leaks_no_memory_or_descriptors(ctx: Arc<CudaContext>) {
     let stream = ctx.new_stream().unwrap();
     let input = stream.clone_htod(&vec![1.5f32; 100_000]).unwrap();
     let mut output = stream.alloc_zeros::<f32>(100_000).unwrap();
@@ -171,11 +166,7 @@ fn create_and_drop_200_times_leaks_no_memory_or_descriptors() {
     assert_eq!(fds_after, fds_before, "file descriptors leaked");
 }
 
-#[test]
-fn a_dropped_peer_is_a_timeout_not_a_hang() {
-    let Some(ctx) = gpu("a_dropped_peer_is_a_timeout_not_a_hang") else {
-        return;
-    };
+fn a_dropped_peer_is_a_timeout_not_a_hang(ctx: Arc<CudaContext>) {
     let timeout = Duration::from_millis(300);
     let mut comms = Communicator::local_group(
         &[ctx.clone(), ctx.clone()],
@@ -201,11 +192,7 @@ fn a_dropped_peer_is_a_timeout_not_a_hang() {
     ));
 }
 
-#[test]
-fn wrong_device_context_is_rejected() {
-    let Some(ctx) = gpu("wrong_device_context_is_rejected") else {
-        return;
-    };
+fn wrong_device_context_is_rejected(ctx: Arc<CudaContext>) {
     // Only meaningful with a second GPU; with one, check the rank's own device passes.
     let comms = Communicator::local_group(std::slice::from_ref(&ctx), Config::default()).unwrap();
     let count = CudaContext::device_count().unwrap_or(1) as usize;
@@ -225,4 +212,16 @@ fn wrong_device_context_is_rejected() {
         comms[0].all_reduce(&input, &mut output, &s),
         Err(Error::WrongDevice { .. })
     ));
+}
+
+fn main() -> std::process::ExitCode {
+    common::harness::run(
+        "reliability",
+        vec![
+            gpu_test!(soak_100k_calls_random_sizes_and_dtypes_sampled_verification),
+            gpu_test!(create_and_drop_200_times_leaks_no_memory_or_descriptors),
+            gpu_test!(a_dropped_peer_is_a_timeout_not_a_hang),
+            gpu_test!(wrong_device_context_is_rejected),
+        ],
+    )
 }

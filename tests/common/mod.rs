@@ -2,6 +2,8 @@
 //! and two independent host references.
 #![allow(dead_code)]
 
+pub mod harness;
+
 use std::sync::Arc;
 
 use half::{bf16, f16};
@@ -11,22 +13,21 @@ use symm_allreduce::cudarc::driver::{CudaContext, CudaStream};
 use symm_allreduce::{Communicator, Config, DType, Element};
 
 /// Device 0 with the kernels loaded, or `None` with a printed reason. Under REQUIRE_GPU=1 a
-/// missing GPU or missing kernels is a test failure instead.
+/// missing GPU or missing kernels is a test failure instead. (The test files run by
+/// [`harness`] get their context from it instead; this is for rank processes and plain
+/// `#[test]`s.)
 pub fn gpu(test: &str) -> Option<Arc<CudaContext>> {
-    let required = std::env::var("REQUIRE_GPU").is_ok_and(|v| v == "1");
-    let reason = match symm_allreduce::context(0) {
-        Ok(ctx) if symm_allreduce::kernels_available() => {
-            // SAFETY: tests pass raw pointers to kernels and capture graphs; cudarc's
-            // per-slice events are not wanted (and are not capturable across streams).
-            unsafe { ctx.disable_event_tracking() };
-            return Some(ctx);
+    match harness::gpu_context() {
+        Ok(ctx) => Some(ctx),
+        Err(reason) => {
+            assert!(
+                !harness::gpu_required(),
+                "REQUIRE_GPU=1 but {test} cannot run: {reason}"
+            );
+            skip(test, &reason);
+            None
         }
-        Ok(_) => "the kernels were not compiled into this build (no nvcc)".to_string(),
-        Err(e) => e.to_string(),
-    };
-    assert!(!required, "REQUIRE_GPU=1 but {test} cannot run: {reason}");
-    skip(test, &reason);
-    None
+    }
 }
 
 /// Prints a skip line past the test harness's output capture, so it shows in every run.
@@ -201,13 +202,13 @@ pub fn all_dtypes() -> [DType; 3] {
 /// (for a parent that only starts rank processes). Skips with a printed reason, or fails
 /// under REQUIRE_GPU=1, exactly like [`gpu`].
 pub fn gpu_available(test: &str) -> bool {
-    let required = std::env::var("REQUIRE_GPU").is_ok_and(|v| v == "1");
-    let reason = match symm_allreduce::device_count() {
-        Ok(_) if symm_allreduce::kernels_available() => return true,
-        Ok(_) => "the kernels were not compiled into this build (no nvcc)".to_string(),
-        Err(e) => e.to_string(),
+    let Some(reason) = harness::gpu_missing() else {
+        return true;
     };
-    assert!(!required, "REQUIRE_GPU=1 but {test} cannot run: {reason}");
+    assert!(
+        !harness::gpu_required(),
+        "REQUIRE_GPU=1 but {test} cannot run: {reason}"
+    );
     skip(test, &reason);
     false
 }
