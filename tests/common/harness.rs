@@ -134,7 +134,13 @@ impl Tally {
 fn trial(test: Test, tally: &Arc<Tally>) -> (Trial, bool) {
     let t = tally.clone();
     match test {
-        Test::Cpu(name, f) => (Trial::test(name, move || Ok(f())), false),
+        Test::Cpu(name, f) => (
+            Trial::test(name, move || {
+                f();
+                Ok(())
+            }),
+            false,
+        ),
         Test::Gpu(name, f) => (
             Trial::ignorable_test(name, move || match gpu_context() {
                 Ok(ctx) => {
