@@ -27,23 +27,42 @@ Every mode also times the same launch structure with the body-less kernel (`empt
 on one GPU the launch cost of all W ranks is paid serially, and `time - empty` cancels it.
 Columns and files: see symm-bench/README.md.";
 
-/// Latency and bandwidth of symm-allreduce's one-shot and two-shot all-reduce, with NCCL
-/// beside it, in nccl-tests style.
+/// Latency and bandwidth of symm-allreduce's all-reduce kernels, with NCCL beside it, in
+/// nccl-tests style. The nccl-tests flags work too: -b/-e/-f for the size range, -n/-w for
+/// iterations and warm-up, -d for the type, -g for the number of GPUs (ranks).
 #[derive(Debug, Parser)]
 #[command(name = "symm-bench", version, about, after_help = AFTER_HELP)]
 pub struct Args {
-    /// Number of ranks.
-    #[arg(long, default_value_t = 8)]
+    /// Number of ranks (nccl-tests: -g/--ngpus).
+    #[arg(long, short = 'g', visible_alias = "ngpus", default_value_t = 8)]
     pub world: usize,
 
     /// Message sizes in bytes per rank: a comma list with optional K/M/G suffixes (powers of
     /// 1024), e.g. 1K,8K,64M,3000; or `sweep`: powers of two 1 KiB..256 MiB plus 3000 B,
     /// 24690 B and 1000000 B. Each size is rounded down to a whole number of elements.
-    #[arg(long, default_value = "sweep", value_parser = parse_sizes)]
+    #[arg(long, default_value = "sweep", value_parser = parse_sizes,
+          conflicts_with_all = ["minbytes", "maxbytes", "stepfactor"])]
     pub sizes: SizeSpec,
 
-    /// Element types.
-    #[arg(long = "dtype", value_delimiter = ',', default_value = "bf16,f32")]
+    /// nccl-tests style range, smallest size (K/M/G suffixes) [default with -e or -f: 1K].
+    /// -b, -e and -f replace --sizes with minbytes, minbytes·f, minbytes·f², ... up to
+    /// maxbytes.
+    #[arg(short = 'b', long = "minbytes", value_name = "SIZE", value_parser = parse_size)]
+    pub minbytes: Option<usize>,
+
+    /// nccl-tests style range, largest size [default with -b or -f: 256M, or minbytes if
+    /// larger].
+    #[arg(short = 'e', long = "maxbytes", value_name = "SIZE", value_parser = parse_size)]
+    pub maxbytes: Option<usize>,
+
+    /// nccl-tests style range, factor between consecutive sizes [default with -b or -e: 2].
+    #[arg(short = 'f', long = "stepfactor", value_name = "N",
+          value_parser = clap::value_parser!(u64).range(2..))]
+    pub stepfactor: Option<u64>,
+
+    /// Element types: bf16, f16, f32 (nccl-tests names bfloat16, half, float also work).
+    #[arg(long = "dtype", short = 'd', visible_alias = "datatype", value_delimiter = ',',
+          default_value = "bf16,f32", value_parser = parse_dtype)]
     pub dtypes: Vec<DType>,
 
     /// Algorithms: low_latency (sizes up to 32 KiB), one_shot, two_shot, auto (the library's size-based choice), symmetric
@@ -64,9 +83,19 @@ pub struct Args {
     pub modes: Vec<Mode>,
 
     /// Timed rounds per row and mode [default: eager 200, graph_amortised 50 (of 10
-    /// all-reduces each), graph_isolated 200; with --quick 50, 20, 100].
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    /// all-reduces each), graph_isolated 200; with --quick 50, 20, 100] (nccl-tests: -n).
+    #[arg(long, short = 'n', value_parser = clap::value_parser!(u32).range(1..))]
     pub iters: Option<u32>,
+
+    /// Untimed warm-up rounds per row and mode before the timed ones [default: eager 10,
+    /// graph modes 2] (nccl-tests: -w/--warmup_iters).
+    #[arg(
+        short = 'w',
+        long = "warmup_iters",
+        visible_alias = "warmup-iters",
+        value_name = "N"
+    )]
+    pub warmup: Option<u32>,
 
     /// Directory for results.csv, results.json and latency.png.
     #[arg(long, default_value = "bench-out")]
@@ -222,6 +251,14 @@ impl Mode {
         }
     }
 
+    /// Default warm-up rounds (eager: one batch of 10; graph modes: 2 replays).
+    pub fn default_warmup(self) -> usize {
+        match self {
+            Mode::Eager => 10,
+            Mode::GraphAmortised | Mode::GraphIsolated => 2,
+        }
+    }
+
     /// Default timed rounds.
     pub fn default_rounds(self, quick: bool) -> usize {
         match (self, quick) {
@@ -275,6 +312,58 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
     Ok(bytes)
 }
 
+/// Parses one `--dtype` entry: the crate's names (`bf16`, `f16`, `f32`) or nccl-tests'
+/// (`bfloat16`, `half`, `float`; also `float16`, `float32`, `fp16`, `fp32`).
+pub fn parse_dtype(s: &str) -> Result<DType, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "bf16" | "bfloat16" => Ok(DType::BF16),
+        "f16" | "half" | "float16" | "fp16" => Ok(DType::F16),
+        "f32" | "float" | "float32" | "fp32" => Ok(DType::F32),
+        other => Err(format!(
+            "unknown dtype {other:?}: expected bf16 (bfloat16), f16 (half) or f32 (float)"
+        )),
+    }
+}
+
+/// The nccl-tests size range: `min`, `min·factor`, ... while at most `max`.
+pub fn size_range(min: usize, max: usize, factor: u64) -> Result<Vec<usize>, String> {
+    if min > max {
+        return Err(format!(
+            "-b/--minbytes {} is larger than -e/--maxbytes {}",
+            format_size(min),
+            format_size(max)
+        ));
+    }
+    let factor = usize::try_from(factor).map_err(|_| format!("-f/--stepfactor {factor} is too large"))?;
+    if factor < 2 {
+        return Err(format!("-f/--stepfactor must be at least 2, got {factor}"));
+    }
+    let mut sizes = Vec::new();
+    let mut s = min;
+    loop {
+        sizes.push(s);
+        match s.checked_mul(factor) {
+            Some(next) if next <= max => s = next,
+            _ => break,
+        }
+    }
+    Ok(sizes)
+}
+
+impl Args {
+    /// Applies the nccl-tests range flags (-b/-e/-f): when any is given, `sizes` becomes the
+    /// list they describe. Call once after parsing.
+    pub fn resolve(mut self) -> Result<Args, String> {
+        if self.minbytes.is_some() || self.maxbytes.is_some() || self.stepfactor.is_some() {
+            let min = self.minbytes.unwrap_or(KIB);
+            let max = self.maxbytes.unwrap_or((256 * MIB).max(min));
+            let sizes = size_range(min, max, self.stepfactor.unwrap_or(2))?;
+            self.sizes = SizeSpec::List(sizes);
+        }
+        Ok(self)
+    }
+}
+
 /// The default sweep: powers of two 1 KiB..=256 MiB plus three odd sizes, ascending.
 pub fn sweep_sizes() -> Vec<usize> {
     let mut v: Vec<usize> = (10..=28).map(|p| 1usize << p).collect();
@@ -308,6 +397,8 @@ pub struct RunPlan {
     pub modes: Vec<Mode>,
     /// `--iters`, if given.
     pub iters: Option<usize>,
+    /// `--warmup_iters`, if given.
+    pub warmup: Option<usize>,
     /// `--quick`.
     pub quick: bool,
 }
@@ -329,6 +420,7 @@ impl RunPlan {
             algos: dedup(&args.algos),
             modes: Mode::ALL.into_iter().filter(|m| args.modes.contains(m)).collect(),
             iters: args.iters.map(|n| n as usize),
+            warmup: args.warmup.map(|n| n as usize),
             quick: args.quick,
         }
     }
@@ -336,6 +428,41 @@ impl RunPlan {
     /// Timed rounds for `mode`.
     pub fn rounds(&self, mode: Mode) -> usize {
         self.iters.unwrap_or_else(|| mode.default_rounds(self.quick))
+    }
+
+    /// Warm-up rounds for `mode`.
+    pub fn warmup(&self, mode: Mode) -> usize {
+        self.warmup.unwrap_or_else(|| mode.default_warmup())
+    }
+
+    /// A rough estimate of the run's duration, printed at start. For every (dtype, size,
+    /// algorithm that runs at that size, mode): (warm-up + timed rounds) × all-reduces per
+    /// round × an estimated time per all-reduce, the same rounds again for the empty-kernel
+    /// twin (not for NCCL), and a fixed cost for verification and graph capture. The time
+    /// per all-reduce is `2·W µs` of launches plus `5·W·S` bytes through HBM at 4 TB/s (what
+    /// W virtual ranks on one H200 cost); one rank per GPU over NVLink differs.
+    pub fn estimate(&self, world: usize) -> std::time::Duration {
+        const ROW_OVERHEAD_S: f64 = 0.03;
+        let launch_us = 2.0 * world as f64;
+        let mut seconds = 0.0;
+        for _ in &self.dtypes {
+            for &size in &self.sizes {
+                for &algo in self.algos.iter().filter(|&&a| self.runs(a, size)) {
+                    let op_us = launch_us + 5.0 * world as f64 * size as f64 / 4e6;
+                    for &mode in &self.modes {
+                        let rounds = (self.warmup(mode) + self.rounds(mode)) as f64;
+                        let ops = rounds * mode.ops_per_round() as f64;
+                        let empty_us = if algo == AlgoChoice::Nccl {
+                            0.0
+                        } else {
+                            ops * launch_us
+                        };
+                        seconds += (ops * op_us + empty_us) * 1e-6 + ROW_OVERHEAD_S;
+                    }
+                }
+            }
+        }
+        std::time::Duration::from_secs_f64(seconds)
     }
 
     /// Whether `algo` runs at `bytes` (one-shot stops at 64 MiB in a sweep).

@@ -195,13 +195,14 @@ pub(crate) fn measure(
     streams: &[Arc<CudaStream>],
     mode: Mode,
     rounds: usize,
+    warmup: usize,
     round: &mut dyn FnMut() -> Result<(), BenchError>,
 ) -> Result<Measured, BenchError> {
     let per_sample = mode.rounds_per_sample();
     let samples = rounds.div_ceil(per_sample);
     let timed = match mode {
         Mode::Eager => {
-            timer.time(1, per_sample, round)?;
+            timer.time(warmup.div_ceil(per_sample), per_sample, round)?;
             timer.time(samples, per_sample, round)?
         }
         Mode::GraphAmortised | Mode::GraphIsolated => {
@@ -212,7 +213,7 @@ pub(crate) fn measure(
                 }
                 Ok(())
             };
-            timer.time(2, 1, &mut launch)?;
+            timer.time(warmup, 1, &mut launch)?;
             let t = timer.time(samples, 1, &mut launch)?;
             for s in streams {
                 s.synchronize()?;
@@ -325,7 +326,7 @@ impl Bench {
             }
             Ok(())
         };
-        let m = measure(&mut self.timer, streams, Mode::GraphIsolated, 200, &mut round)?;
+        let m = measure(&mut self.timer, streams, Mode::GraphIsolated, 200, 2, &mut round)?;
         Ok((m.stats.median, plan.blocks))
     }
 
@@ -472,14 +473,28 @@ impl Bench {
                 }
                 Ok(())
             };
-            let m = measure(&mut self.timer, streams, mode, rounds, &mut real)?;
+            let m = measure(
+                &mut self.timer,
+                streams,
+                mode,
+                rounds,
+                plan.warmup(mode),
+                &mut real,
+            )?;
             let mut empty = || -> Result<(), BenchError> {
                 for (c, s) in comms.iter().zip(streams) {
                     c.launch_empty(len, dtype, s, algorithm)?;
                 }
                 Ok(())
             };
-            let e = measure(&mut self.timer, streams, mode, rounds, &mut empty)?;
+            let e = measure(
+                &mut self.timer,
+                streams,
+                mode,
+                rounds,
+                plan.warmup(mode),
+                &mut empty,
+            )?;
             for (c, s) in comms.iter().zip(streams) {
                 c.synchronize(s)?;
             }
@@ -545,6 +560,7 @@ impl Bench {
                     &self.streams[..n],
                     mode,
                     plan.rounds(mode),
+                    plan.warmup(mode),
                     &mut round,
                 )?;
                 rows.push(

@@ -68,7 +68,13 @@ enum Stop {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = match Args::parse().resolve() {
+        Ok(args) => args,
+        Err(msg) => {
+            eprintln!("symm-bench: {msg}");
+            return ExitCode::from(2);
+        }
+    };
     match run(&args) {
         Ok(code) => code,
         Err(Stop::NoGpu(e)) => {
@@ -173,6 +179,8 @@ fn run(args: &Args) -> Result<ExitCode, Stop> {
             format_size(ONE_SHOT_SWEEP_MAX)
         ));
     }
+
+    meta.estimated_duration_s = Some(plan.estimate(args.world).as_secs_f64());
 
     let with_nccl = plan.algos.contains(&AlgoChoice::Nccl);
     let mut bench = Bench::new(ctxs, placement, capacity, with_nccl)
@@ -294,6 +302,12 @@ fn finish(
 fn header(meta: &Meta, title: &str) -> String {
     let mut s = format!("# symm-bench: {title}\n");
     s += &format!("# capacity {} per rank\n", format_size(meta.capacity_bytes));
+    if let Some(secs) = meta.estimated_duration_s {
+        s += &format!(
+            "# estimated duration: {} (an estimate: rounds × a per-call time model, see --help)\n",
+            report::format_duration(secs)
+        );
+    }
     s += &format!("# {}\n", meta.nccl);
     if let Some(gbs) = meta.d2d_copy_gbs {
         s += &format!("# D2D copy, 1 GiB, (read + write) / time: {gbs:.1} GB/s\n");
