@@ -25,7 +25,15 @@ store. With at least --world GPUs NCCL is measured in the same run; with fewer i
 
 Every mode also times the same launch structure with the body-less kernel (`empty` column):
 on one GPU the launch cost of all W ranks is paid serially, and `time - empty` cancels it.
-Columns and files: see symm-bench/README.md.";
+Columns and files: see symm-bench/README.md.
+
+nccl-tests flags: `-b 8 -e 128M -f 2 -n 50 -w 5 -d bfloat16 -g 8` means sizes 8 B, 16 B, ...
+128 MiB, 50 timed and 5 warm-up rounds, bf16, 8 ranks; -b/-e/-f replace --sizes.
+
+The estimated duration printed at start is a rough model, not a measurement: for every
+(dtype, size, algorithm, mode), (warm-up + timed rounds) × all-reduces per round × (2·W µs of
+launches + 5·W·S bytes through HBM at 4 TB/s), the empty-kernel twin's launches, and 30 ms
+per row for verification and graph capture.";
 
 /// Latency and bandwidth of symm-allreduce's all-reduce kernels, with NCCL beside it, in
 /// nccl-tests style. The nccl-tests flags work too: -b/-e/-f for the size range, -n/-w for
@@ -553,6 +561,159 @@ mod tests {
         assert_eq!(format_size(64 << 20), "64M");
         assert_eq!(format_size(1 << 30), "1G");
         assert_eq!(format_size(1536), "1536");
+    }
+
+    fn parse(argv: &[&str]) -> Args {
+        Args::try_parse_from(argv).unwrap().resolve().unwrap()
+    }
+
+    #[test]
+    fn nccl_tests_flags_give_the_same_plan_as_the_long_ones() {
+        let short = parse(&["symm-bench", "-b", "1K", "-e", "1M", "-f", "4", "-d", "bfloat16"]);
+        let long = parse(&[
+            "symm-bench",
+            "--sizes",
+            "1K,4K,16K,64K,256K,1M",
+            "--dtype",
+            "bf16",
+        ]);
+        assert_eq!(
+            short.sizes,
+            SizeSpec::List(vec![1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20])
+        );
+        assert_eq!(short.sizes, long.sizes);
+        assert_eq!(short.dtypes, vec![DType::BF16]);
+        let (a, b) = (RunPlan::from_args(&short), RunPlan::from_args(&long));
+        assert_eq!(
+            (a.sizes, a.dtypes, a.explicit_sizes),
+            (b.sizes, b.dtypes, b.explicit_sizes)
+        );
+
+        // The example of the issue, and the long spellings of every short flag.
+        let a = parse(&[
+            "symm-bench",
+            "-b",
+            "8",
+            "-e",
+            "128M",
+            "-f",
+            "2",
+            "-n",
+            "50",
+            "-w",
+            "5",
+            "-d",
+            "bfloat16",
+            "-g",
+            "8",
+        ]);
+        let b = parse(&[
+            "symm-bench",
+            "--minbytes",
+            "8",
+            "--maxbytes",
+            "128M",
+            "--stepfactor",
+            "2",
+            "--iters",
+            "50",
+            "--warmup_iters",
+            "5",
+            "--datatype",
+            "bf16",
+            "--ngpus",
+            "8",
+        ]);
+        for args in [&a, &b] {
+            let plan = RunPlan::from_args(args);
+            assert_eq!(plan.sizes.len(), 25, "8 B · 2^0..=24 = 128 MiB");
+            assert_eq!((plan.sizes[0], plan.sizes[24]), (8, 128 << 20));
+            assert_eq!(
+                (plan.rounds(Mode::Eager), plan.warmup(Mode::GraphIsolated)),
+                (50, 5)
+            );
+            assert_eq!((args.world, plan.dtypes.clone()), (8, vec![DType::BF16]));
+        }
+        // nccl-tests type names.
+        for (name, dtype) in [
+            ("float", DType::F32),
+            ("half", DType::F16),
+            ("bfloat16", DType::BF16),
+            ("f16", DType::F16),
+        ] {
+            assert_eq!(parse(&["symm-bench", "-d", name]).dtypes, vec![dtype]);
+        }
+        assert_eq!(
+            parse(&["symm-bench", "-d", "half,float"]).dtypes,
+            vec![DType::F16, DType::F32]
+        );
+        // Defaults of a partial range; a range that stops below max; bad ranges.
+        assert_eq!(
+            parse(&["symm-bench", "-e", "4K"]).sizes,
+            SizeSpec::List(vec![1024, 2048, 4096])
+        );
+        assert_eq!(
+            parse(&["symm-bench", "-b", "3000", "-e", "10000", "-f", "3"]).sizes,
+            SizeSpec::List(vec![3000, 9000])
+        );
+        assert_eq!(
+            parse(&["symm-bench", "-b", "1G"]).sizes,
+            SizeSpec::List(vec![1 << 30])
+        );
+        assert!(Args::try_parse_from(["symm-bench", "-b", "1M", "-e", "1K"])
+            .unwrap()
+            .resolve()
+            .is_err());
+        assert!(Args::try_parse_from(["symm-bench", "-f", "1"]).is_err());
+        assert!(Args::try_parse_from(["symm-bench", "-b", "1K", "--sizes", "8K"]).is_err());
+        assert!(Args::try_parse_from(["symm-bench", "-d", "double"]).is_err());
+        // Without -w the defaults: one eager batch, two graph replays.
+        let plan = RunPlan::from_args(&parse(&["symm-bench"]));
+        assert_eq!(
+            (plan.warmup(Mode::Eager), plan.warmup(Mode::GraphAmortised)),
+            (10, 2)
+        );
+    }
+
+    #[test]
+    fn the_estimate_grows_with_the_work() {
+        let plan = |argv: &[&str]| RunPlan::from_args(&parse(argv));
+        let full = plan(&["symm-bench"]).estimate(8);
+        let quick = plan(&["symm-bench", "--quick"]).estimate(8);
+        let one = plan(&[
+            "symm-bench",
+            "--sizes",
+            "8K",
+            "--algos",
+            "one_shot",
+            "--modes",
+            "eager",
+            "--dtype",
+            "bf16",
+        ]);
+        assert!(quick < full, "{quick:?} vs {full:?}");
+        println!("estimate of the default sweep at W=8: {full:?}; --quick: {quick:?}");
+        // The default sweep: minutes, not seconds or hours.
+        assert!(full.as_secs() > 60 && full.as_secs() < 3600, "{full:?}");
+        // One row: 30 ms + 210 rounds × (16 µs + 16 µs empty) + the bytes.
+        let secs = one.estimate(8).as_secs_f64();
+        let bytes_us = 5.0 * 8.0 * 8192.0 / 4e6;
+        let expected = 0.03 + 210.0 * (16.0 + bytes_us + 16.0) * 1e-6;
+        assert!((secs - expected).abs() < 1e-9, "{secs} vs {expected}");
+        let more = plan(&[
+            "symm-bench",
+            "--sizes",
+            "8K",
+            "--algos",
+            "one_shot",
+            "--modes",
+            "eager",
+            "--dtype",
+            "bf16",
+            "-n",
+            "2000",
+        ]);
+        assert!(more.estimate(8) > one.estimate(8));
     }
 
     #[test]

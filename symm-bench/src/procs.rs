@@ -562,7 +562,7 @@ fn rank_main(args: &Args, env: &ChildEnv) -> Result<ExitCode, Stop> {
         let dropped = plan.cap_sizes(bench::max_fitting_size(free, per_device));
         if !dropped.is_empty() {
             meta.notes.push(format!(
-                "sizes {} skipped: {per_device} rank(s) × (2×capacity + input + output) do not fit in {} MiB free",
+                "sizes {} skipped: {per_device} rank(s) × (3×capacity + input + output) do not fit in {} MiB free",
                 dropped.iter().map(|&s| format_size(s)).collect::<Vec<_>>().join(","),
                 free >> 20
             ));
