@@ -11,7 +11,8 @@
 # objects, and nothing it runs may), sets REQUIRE_GPU=1 so that a GPU test that cannot run
 # fails instead of skipping, runs every staged test binary one test at a time (each log also
 # goes to $OUT/<binary>.log, default /tmp/out), then .gpu/after.sh if there is one (write
-# your benchmark or profiling commands there, e.g. `.gpu/bin/bin-symm-bench --quick`).
+# your benchmark or profiling commands there, e.g. `.gpu/bin/bin-symm-bench --quick` or
+# `.gpu/bin/bench-host_overhead --bench`).
 # It exits non-zero when any test binary or after.sh failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +34,9 @@ for line in sys.stdin:
         continue
     if m.get("reason") != "compiler-artifact" or not m.get("executable"):
         continue
-    kind = "test" if m["profile"]["test"] else m["target"]["kind"][0]
+    kind = m["target"]["kind"][0]
+    if kind != "bench" and m["profile"]["test"]:
+        kind = "test"  # unit tests of the lib and bins, and the tests/ files
     dst = ".gpu/bin/%s-%s" % (kind, m["target"]["name"])
     if dst in staged:
         # A library and a binary of the same name: keep both apart.

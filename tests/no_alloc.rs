@@ -1,7 +1,8 @@
 //! The call path allocates nothing: a counting global allocator around thousands of eager
 //! calls of every kind (low-latency, one-shot, two-shot, in place, zero-copy symmetric, the
-//! copies, `check_usable`, `path`-free routing) on two virtual ranks. GPU only: skips with a
-//! printed reason without one (fails under REQUIRE_GPU=1).
+//! copies, `check_usable`, `path`-free routing) on two virtual ranks. GPU only: under the
+//! libtest-mimic harness it is reported as ignored, with the reason, without a GPU (and fails
+//! under REQUIRE_GPU=1).
 
 mod common;
 
@@ -10,17 +11,16 @@ mod support {
 }
 
 use half::bf16;
+use std::sync::Arc;
 use support::counting_alloc::{allocations, Counting};
+
+use symm_allreduce::cudarc::driver::CudaContext;
 use symm_allreduce::{Algorithm, Config};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-#[test]
-fn eager_calls_of_every_kind_allocate_nothing() {
-    let Some(ctx) = common::gpu("eager_calls_of_every_kind_allocate_nothing") else {
-        return;
-    };
+fn eager_calls_of_every_kind_allocate_nothing(ctx: Arc<CudaContext>) {
     let world = 2;
     let (comms, streams) = common::group(&ctx, world, Config::default());
     // Sizes that take each kernel: low-latency, one-shot, two-shot.
@@ -99,4 +99,11 @@ fn eager_calls_of_every_kind_allocate_nothing() {
     let calls = rounds * sizes.len() * world * 5;
     assert_eq!(during, 0, "{during} allocations in {calls} calls");
     eprintln!("no_alloc: {calls} calls, {during} allocations");
+}
+
+fn main() -> std::process::ExitCode {
+    common::harness::run(
+        "no_alloc",
+        vec![gpu_test!(eager_calls_of_every_kind_allocate_nothing)],
+    )
 }
