@@ -15,13 +15,13 @@ struct SymmArgs {
     // base + q * stride in every rank's address space (one contiguous reservation per rank).
     uint64_t base;
     uint64_t stride;
-    uint64_t signal_offset;  // signal pad: [phase][block][32 slots] of u32, one 128-byte row per block
+    uint64_t signal_offset;  // signal pad: [phase][block][16 slots] of u64, one 128-byte row per block
     uint64_t state_offset;   // this rank's CallState (only the owner touches it)
     uint64_t data_offset;    // two data buffers (parity 0 and 1) of data_bytes each, then the
     uint64_t data_bytes;     // user-visible symmetric buffer (data_bytes) at data_offset + 2*data_bytes
-    uint64_t ll_offset;      // low-latency slots: [parity 2][source rank world] of ll_slot_bytes
-    uint64_t ll_slot_bytes;  // 16-byte lines, each carrying 8 payload bytes and the epoch twice
-    uint64_t error;          // host-mapped u32: 0, or an error code written by a timed-out wait
+    uint64_t ll_offset;      // low-latency slots: [buffer 3][source rank world] of ll_slot_bytes
+    uint64_t ll_slot_bytes;  // 16-byte lines of 16 payload bytes; all-ones = not yet arrived
+    uint64_t error;          // host-mapped u32: 0, or the error code that stopped this rank
     uint64_t timeout_ns;     // bound on every wait
     uint32_t rank;
     uint32_t world;
@@ -37,20 +37,25 @@ static_assert(offsetof(SymmArgs, world) == 84, "SymmArgs::world");
 
 constexpr uint32_t MAX_RANKS = 8;
 constexpr uint32_t MAX_BLOCKS = 64;
-constexpr uint32_t SLOTS_PER_ROW = 32;
+constexpr uint32_t SLOTS_PER_ROW = 16;
+constexpr uint32_t SIGNAL_PHASES = 3;
+constexpr uint32_t LL_BUFFERS = 3;
 constexpr uint32_t THREADS = 512;
 
-// Error word layout (decoded by src/kernels/abi.rs): kind | phase << 8 | peer << 16.
+// Error word layout (decoded by src/kernels/abi.rs): kind | phase << 8 | peer << 16 | origin << 24,
+// `origin` being the rank whose wait timed out (another rank's when the timeout was pushed).
 constexpr uint32_t ERROR_PEER_TIMEOUT = 1;
 
 // Barrier phases, as reported in the error word (src/error.rs BarrierPhase).
 enum Phase : uint32_t { PHASE_START = 0, PHASE_MIDDLE = 1, PHASE_END = 2, PHASE_ARRIVAL = 3 };
 
 // Call bookkeeping in device memory, advanced by the kernels themselves: no host state per
-// call, so a captured graph replays correctly any number of times.
+// call, so a captured graph replays correctly any number of times. Zeroed at setup.
 struct CallState {
-    uint32_t calls;     // completed calls; the running call's epoch is calls + 1
-    uint32_t finished;  // blocks of the running call that have finished
+    uint64_t calls;    // completed calls; the running call's epoch is calls + 1 (64-bit: never wraps)
+    uint32_t arrived;  // blocks of the running call that have read the epoch
+    uint32_t poison;   // 0, or the error code of the timeout that stopped the group (pushed by any rank)
 };
+static_assert(sizeof(CallState) == 16, "CallState is read with one 16-byte load");
 
 }  // namespace symm

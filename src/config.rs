@@ -66,8 +66,9 @@ impl std::str::FromStr for Algorithm {
 pub struct Config {
     /// Largest message, in bytes, one call may reduce. Each rank allocates three times this
     /// (two data buffers used alternately and the zero-copy symmetric buffer), plus 64 KiB of
-    /// signals and call state, plus the low-latency slots (`2 · world · 2 ·
-    /// min(low_latency_max_bytes, capacity)` bytes), rounded up to the device granularity.
+    /// signals and call state, plus the low-latency slots (`3 · world ·
+    /// min(low_latency_max_bytes, capacity)` bytes, rounded up to 16), rounded up to the
+    /// device granularity.
     pub capacity_bytes: usize,
     /// Algorithm used when a call does not force one.
     pub algorithm: Algorithm,
@@ -78,7 +79,7 @@ pub struct Config {
     /// keep every rank's blocks resident at once.
     pub max_blocks_per_rank: usize,
     /// `Auto` uses the barrier-free low-latency kernel up to this many bytes (inclusive;
-    /// 0 turns it off). Each rank reserves `4·W` times this for its slots.
+    /// 0 turns it off). Each rank reserves `3·W` times this for its slots.
     pub low_latency_max_bytes: usize,
     /// Bound on every wait for a peer. Expiry poisons the communicator and surfaces as
     /// [`Error::PeerTimeout`].
@@ -91,6 +92,11 @@ pub struct Config {
     /// (which the communicator must then have). For measuring NCCL behind the same API, and
     /// for testing the fallback where the kernels would run.
     pub peer_kernels: bool,
+    /// Launch the peer kernels with Programmatic Dependent Launch where the device supports
+    /// it (compute capability 9.0 and newer): a kernel's launch overlaps the end of the
+    /// kernel before it on the stream, and it waits (`griddepcontrol.wait`) for that kernel
+    /// to complete before it touches any memory. `false`: plain launches.
+    pub pdl: bool,
 }
 
 impl Default for Config {
@@ -104,6 +110,7 @@ impl Default for Config {
             timeout: Duration::from_secs(10),
             nccl_above_bytes: None,
             peer_kernels: true,
+            pdl: true,
         }
     }
 }
@@ -172,6 +179,7 @@ impl Config {
             timeout,
             nccl_above_bytes,
             peer_kernels,
+            pdl,
         } = self;
         let mut w = Writer::with_capacity(64);
         w.put(capacity_bytes)
@@ -181,7 +189,8 @@ impl Config {
             .put(low_latency_max_bytes)
             .put(&(timeout.as_nanos().min(u64::MAX as u128) as u64))
             .put(nccl_above_bytes)
-            .put(peer_kernels);
+            .put(peer_kernels)
+            .put(pdl);
         w.finish()
     }
 }

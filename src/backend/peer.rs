@@ -24,6 +24,8 @@ pub(crate) struct PeerBackend {
     error: ErrorWord,
     kernels: Kernels,
     args: SymmArgs,
+    /// Launch with Programmatic Dependent Launch (configured, and the device has it).
+    pdl: bool,
 }
 
 impl PeerBackend {
@@ -50,11 +52,13 @@ impl PeerBackend {
             rank: rank as u32,
             world: world as u32,
         };
+        let pdl = config.pdl && kernels.supports_pdl();
         PeerBackend {
             workspace,
             error,
             kernels,
             args,
+            pdl,
         }
     }
 
@@ -71,7 +75,7 @@ impl PeerBackend {
     pub(crate) fn kernel_error(&self, timeout: Duration) -> Option<Error> {
         match self.error.read() {
             0 => None,
-            code => Some(decode_error(code, self.args.rank as usize, timeout)),
+            code => Some(decode_error(code, timeout)),
         }
     }
 
@@ -101,6 +105,38 @@ impl PeerBackend {
         self.launch_function(self.kernels.empty(), plan, 0, 0, 0, stream)
     }
 
+    /// Launches the protocol alone (one flag exchange per block) with `plan`'s grid: a call
+    /// of the group like any other, so every rank must make it.
+    pub(crate) fn launch_sync_floor(&self, plan: Plan, stream: &CudaStream) -> Result<()> {
+        self.launch_function(self.kernels.sync_floor(), plan, 0, 0, 0, stream)
+    }
+
+    /// Holds `stream` for `ns` nanoseconds with one spinning thread.
+    pub(crate) fn launch_spin(&self, ns: u64, stream: &CudaStream) -> Result<()> {
+        let one = Plan {
+            algorithm: crate::config::Algorithm::OneShot,
+            blocks: 1,
+            threads: 32,
+        };
+        self.launch_function(self.kernels.spin(), one, 0, 0, ns as usize, stream)
+    }
+
+    /// Sets this rank's completed-call counter (tests: the protocol near 2^31 and 2^32).
+    pub(crate) fn set_call_counter(&self, calls: u64, stream: &CudaStream) -> Result<()> {
+        let state = self.workspace.base() + self.args.rank as u64 * self.args.stride + self.args.state_offset;
+        // SAFETY: the first 8 bytes of this rank's call state, mapped on its device.
+        unsafe { launch::write_u64(state, calls, stream) }
+    }
+
+    /// The device range of this rank's low-latency slots: (address, bytes).
+    pub(crate) fn low_latency_region(&self) -> (u64, usize) {
+        let layout = self.layout();
+        (
+            self.workspace.base() + self.args.rank as u64 * self.args.stride + self.args.ll_offset,
+            layout.ll_bytes(self.args.world as usize),
+        )
+    }
+
     fn launch_function(
         &self,
         func: &CudaFunction,
@@ -117,7 +153,7 @@ impl PeerBackend {
         unsafe {
             launch::launch(
                 func,
-                (plan.blocks, plan.threads),
+                (plan.blocks, plan.threads, self.pdl),
                 input,
                 output,
                 len,

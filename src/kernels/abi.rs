@@ -15,8 +15,15 @@ pub const MAX_RANKS: usize = 8;
 pub(crate) const MAX_BLOCKS: usize = 64;
 /// Threads per block of every kernel.
 pub(crate) const THREADS_PER_BLOCK: u32 = 512;
+/// 64-bit signal slots per 128-byte signal row (one row per phase and block).
+pub(crate) const SLOTS_PER_ROW: usize = 16;
+/// Barrier phases with signal rows (start, middle, end).
+pub(crate) const SIGNAL_PHASES: usize = 3;
+/// Rotating low-latency buffers.
+pub(crate) const LL_BUFFERS: usize = 3;
 
-/// Error word: `kind | phase << 8 | peer << 16`; kind 1 is a peer timeout.
+/// Error word: `kind | phase << 8 | peer << 16 | origin << 24`; kind 1 is a peer timeout,
+/// `origin` the rank whose wait timed out (the kernels push a timeout to every rank).
 pub(crate) const ERROR_PEER_TIMEOUT: u32 = 1;
 
 /// Kernel parameter block; mirrors `symm::SymmArgs` in kernels/abi.cuh.
@@ -50,8 +57,9 @@ const _: () = assert!(std::mem::offset_of!(SymmArgs, world) == 84);
 // device-side struct (asserted above and in kernels/abi.cuh).
 unsafe impl DeviceRepr for SymmArgs {}
 
-/// The error a kernel left in the error word (`code != 0`).
-pub(crate) fn decode_error(code: u32, rank: usize, timeout: Duration) -> Error {
+/// The error a kernel left in the error word (`code != 0`). `rank` in the error is the rank
+/// whose wait timed out, which is another rank's when that rank pushed its timeout here.
+pub(crate) fn decode_error(code: u32, timeout: Duration) -> Error {
     if code & 0xff == ERROR_PEER_TIMEOUT {
         let phase = match (code >> 8) & 0xff {
             0 => BarrierPhase::Start,
@@ -61,8 +69,8 @@ pub(crate) fn decode_error(code: u32, rank: usize, timeout: Duration) -> Error {
             p => BarrierPhase::Unknown(p),
         };
         Error::PeerTimeout {
-            rank,
-            peer: (code >> 16) as usize,
+            rank: (code >> 24) as usize,
+            peer: ((code >> 16) & 0xff) as usize,
             phase,
             timeout,
         }
@@ -78,7 +86,7 @@ mod tests {
     #[test]
     fn error_codes_decode_to_peer_timeouts() {
         let t = Duration::from_millis(5);
-        match decode_error(1 | (1 << 8) | (5 << 16), 2, t) {
+        match decode_error(1 | (1 << 8) | (5 << 16) | (2 << 24), t) {
             Error::PeerTimeout {
                 rank: 2,
                 peer: 5,
@@ -88,17 +96,15 @@ mod tests {
             e => panic!("unexpected {e:?}"),
         }
         assert!(matches!(
-            decode_error(1 | (3 << 16), 0, t),
+            decode_error(1 | (3 << 16), t),
             Error::PeerTimeout {
+                rank: 0,
                 peer: 3,
                 phase: BarrierPhase::Start,
                 ..
             }
         ));
-        assert!(matches!(
-            decode_error(0x42, 0, t),
-            Error::KernelFault { code: 0x42 }
-        ));
+        assert!(matches!(decode_error(0x42, t), Error::KernelFault { code: 0x42 }));
     }
 
     /// `constexpr <type> NAME = <value>;` lines of the device header.
@@ -132,6 +138,13 @@ mod tests {
         assert_eq!(get("MAX_BLOCKS"), MAX_BLOCKS as u64);
         assert_eq!(get("THREADS"), THREADS_PER_BLOCK as u64);
         assert_eq!(get("ERROR_PEER_TIMEOUT"), ERROR_PEER_TIMEOUT as u64);
+        assert_eq!(get("SLOTS_PER_ROW"), SLOTS_PER_ROW as u64);
+        assert_eq!(get("SIGNAL_PHASES"), SIGNAL_PHASES as u64);
+        assert_eq!(get("LL_BUFFERS"), LL_BUFFERS as u64);
+        assert!(
+            header.contains("sizeof(CallState) == 16"),
+            "abi.cuh asserts the call state's size"
+        );
         assert!(
             header.contains("sizeof(SymmArgs) == 88"),
             "abi.cuh asserts the size"
