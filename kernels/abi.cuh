@@ -25,15 +25,21 @@ struct SymmArgs {
     uint64_t timeout_ns;     // bound on every wait
     uint32_t rank;
     uint32_t world;
+    // Divergence check (0: off): this call's shape, kind << 24 | dtype << 16 | algorithm << 8 | 1,
+    // and its length; exchanged with every peer before any data is touched.
+    uint64_t check_shape;
+    uint64_t check_len;
 };
 
-static_assert(sizeof(SymmArgs) == 88, "SymmArgs: ten u64 then two u32, as in src/kernels/abi.rs");
+static_assert(sizeof(SymmArgs) == 104, "SymmArgs: ten u64, two u32, two u64, as in src/kernels/abi.rs");
 static_assert(alignof(SymmArgs) == 8, "SymmArgs is 8-aligned");
 static_assert(offsetof(SymmArgs, ll_offset) == 48, "SymmArgs::ll_offset");
 static_assert(offsetof(SymmArgs, error) == 64, "SymmArgs::error");
 static_assert(offsetof(SymmArgs, timeout_ns) == 72, "SymmArgs::timeout_ns");
 static_assert(offsetof(SymmArgs, rank) == 80, "SymmArgs::rank");
 static_assert(offsetof(SymmArgs, world) == 84, "SymmArgs::world");
+static_assert(offsetof(SymmArgs, check_shape) == 88, "SymmArgs::check_shape");
+static_assert(offsetof(SymmArgs, check_len) == 96, "SymmArgs::check_len");
 
 constexpr uint32_t MAX_RANKS = 8;
 constexpr uint32_t MAX_BLOCKS = 64;
@@ -45,9 +51,24 @@ constexpr uint32_t THREADS = 512;
 // Error word layout (decoded by src/kernels/abi.rs): kind | phase << 8 | peer << 16 | origin << 24,
 // `origin` being the rank whose wait timed out (another rank's when the timeout was pushed).
 constexpr uint32_t ERROR_PEER_TIMEOUT = 1;
+// A peer's call differs from this rank's (divergence check): the error word is followed by
+// {this rank's shape, length, the peer's shape, length} (four u64 at byte 8).
+constexpr uint32_t ERROR_DIVERGED = 2;
+// The divergence check's slots: [epoch parity 2][block MAX_BLOCKS][source rank MAX_RANKS] of
+// CheckSlot, at this offset of every rank's allocation (src/symmetric/mod.rs CHECK_OFFSET).
+constexpr uint64_t CHECK_OFFSET = 65536;
 
 // Barrier phases, as reported in the error word (src/error.rs BarrierPhase).
-enum Phase : uint32_t { PHASE_START = 0, PHASE_MIDDLE = 1, PHASE_END = 2, PHASE_ARRIVAL = 3 };
+enum Phase : uint32_t { PHASE_START = 0, PHASE_MIDDLE = 1, PHASE_END = 2, PHASE_ARRIVAL = 3, PHASE_CHECK = 4 };
+
+// One peer's call as it announced it to this rank for the divergence check.
+struct CheckSlot {
+    uint64_t epoch;  // written last, with release
+    uint64_t shape;
+    uint64_t len;
+    uint64_t pad;
+};
+static_assert(sizeof(CheckSlot) == 32, "CheckSlot is 32 bytes");
 
 // Call bookkeeping in device memory, advanced by the kernels themselves: no host state per
 // call, so a captured graph replays correctly any number of times. Zeroed at setup.

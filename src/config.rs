@@ -97,7 +97,17 @@ pub struct Config {
     /// kernel before it on the stream, and it waits (`griddepcontrol.wait`) for that kernel
     /// to complete before it touches any memory. `false`: plain launches.
     pub pdl: bool,
+    /// Divergence check (a debugging aid, off by default; [`CHECK_ENV`]`=1` turns it on):
+    /// before a kernel touches any
+    /// data, every rank compares its call (length, dtype, algorithm, collective and call
+    /// number) with every peer's; a mismatch is [`crate::Error::Diverged`] on every rank, naming
+    /// both calls, and poisons the communicator. Costs one extra flag exchange per call.
+    pub check_divergence: bool,
 }
+
+/// Environment variable: `1` turns [`Config::check_divergence`] on. Read by every rank at
+/// setup; the ranks compare their settings, so set it for all of them.
+pub const CHECK_ENV: &str = "SYMM_ALLREDUCE_CHECK";
 
 impl Default for Config {
     fn default() -> Self {
@@ -111,11 +121,21 @@ impl Default for Config {
             nccl_above_bytes: None,
             peer_kernels: true,
             pdl: true,
+            check_divergence: false,
         }
     }
 }
 
 impl Config {
+    /// This configuration with the environment's switches applied ([`CHECK_ENV`]); every
+    /// constructor uses it, before the ranks compare their configurations.
+    pub(crate) fn with_environment(mut self) -> Config {
+        if std::env::var(CHECK_ENV).is_ok_and(|v| v == "1") {
+            self.check_divergence = true;
+        }
+        self
+    }
+
     /// Checks ranges; called by every constructor.
     pub fn validate(&self) -> Result<()> {
         if self.capacity_bytes == 0 {
@@ -180,6 +200,7 @@ impl Config {
             nccl_above_bytes,
             peer_kernels,
             pdl,
+            check_divergence,
         } = self;
         let mut w = Writer::with_capacity(64);
         w.put(capacity_bytes)
@@ -190,7 +211,8 @@ impl Config {
             .put(&(timeout.as_nanos().min(u64::MAX as u128) as u64))
             .put(nccl_above_bytes)
             .put(peer_kernels)
-            .put(pdl);
+            .put(pdl)
+            .put(check_divergence);
         w.finish()
     }
 }
@@ -263,6 +285,14 @@ mod tests {
             },
             Config {
                 peer_kernels: false,
+                ..base.clone()
+            },
+            Config {
+                pdl: false,
+                ..base.clone()
+            },
+            Config {
+                check_divergence: true,
                 ..base.clone()
             },
         ];

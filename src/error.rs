@@ -15,6 +15,8 @@ pub enum BarrierPhase {
     End,
     /// Waiting for a peer's low-latency lines to arrive.
     Arrival,
+    /// The divergence check's exchange of call shapes (before any data).
+    Check,
     /// A code this version does not know (newer kernels).
     Unknown(u32),
 }
@@ -26,6 +28,7 @@ impl std::fmt::Display for BarrierPhase {
             BarrierPhase::Middle => f.write_str("middle barrier"),
             BarrierPhase::End => f.write_str("end barrier"),
             BarrierPhase::Arrival => f.write_str("arrival of its low-latency lines"),
+            BarrierPhase::Check => f.write_str("divergence check"),
             BarrierPhase::Unknown(c) => write!(f, "barrier phase {c}"),
         }
     }
@@ -160,6 +163,24 @@ pub enum Error {
         phase: BarrierPhase,
         /// The configured bound.
         timeout: Duration,
+    },
+
+    /// The divergence check (`Config::check_divergence`, `SYMM_ALLREDUCE_CHECK=1`) found that
+    /// two ranks ran different calls at the same point of their sequences: another length,
+    /// dtype, algorithm or collective, or a rank that made more or fewer calls. The
+    /// communicator is poisoned; no data was read or written by the call.
+    #[error(
+        "rank {rank} ran {this_call} but rank {peer} ran {peer_call} at the same point of the call sequence;          every rank must make the same calls in the same order (the communicator is now unusable: create a new one)"
+    )]
+    Diverged {
+        /// The rank that found it.
+        rank: usize,
+        /// The rank whose call differs.
+        peer: usize,
+        /// `rank`'s call.
+        this_call: String,
+        /// `peer`'s call.
+        peer_call: String,
     },
 
     /// Setup failed on some rank; every rank returns this (or its own error) together.

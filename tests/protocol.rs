@@ -531,6 +531,111 @@ fn a_million_mixed_calls_on_two_streams_sampled_bit_exact(ctx: Arc<CudaContext>)
     );
 }
 
+/// One rank's part of a divergence scenario: (length, dtype is f32 (else bf16), algorithm).
+type Calls = Vec<(usize, bool, Algorithm)>;
+
+/// Runs `calls[r]` on rank r with the divergence check on; every rank must report
+/// `Error::Diverged`, within the timeout.
+fn expect_divergence(ctx: &Arc<CudaContext>, what: &str, calls: &[Calls]) {
+    let timeout = Duration::from_secs(2);
+    let world = calls.len();
+    let config = Config {
+        capacity_bytes: 1 << 20,
+        timeout,
+        check_divergence: true,
+        ..Config::default()
+    };
+    let (comms, streams) = common::group(ctx, world, config);
+    let f: Vec<CudaSlice<f32>> = streams
+        .iter()
+        .map(|s| s.clone_htod(&vec![1.0f32; 4096]).unwrap())
+        .collect();
+    let mut fo: Vec<CudaSlice<f32>> = streams.iter().map(|s| s.alloc_zeros(4096).unwrap()).collect();
+    let b: Vec<CudaSlice<bf16>> = streams
+        .iter()
+        .map(|s| s.clone_htod(&vec![bf16::ONE; 4096]).unwrap())
+        .collect();
+    let mut bo: Vec<CudaSlice<bf16>> = streams.iter().map(|s| s.alloc_zeros(4096).unwrap()).collect();
+    for s in &streams {
+        s.synchronize().unwrap();
+    }
+    let started = Instant::now();
+    for (r, mine) in calls.iter().enumerate() {
+        for &(len, is_f32, algo) in mine {
+            // A poisoned rank refuses further calls on the host: that is part of the outcome.
+            let _ = if is_f32 {
+                comms[r].all_reduce_with(&f[r].slice(..len), &mut fo[r].slice_mut(..len), &streams[r], algo)
+            } else {
+                comms[r].all_reduce_with(&b[r].slice(..len), &mut bo[r].slice_mut(..len), &streams[r], algo)
+            };
+        }
+    }
+    for r in 0..world {
+        match comms[r].synchronize(&streams[r]) {
+            Err(Error::Diverged { .. }) => {}
+            Err(Error::Poisoned { cause }) if matches!(*cause, Error::Diverged { .. }) => {}
+            other => panic!("{what}: rank {r}: expected Diverged, got {other:?}"),
+        }
+    }
+    let took = started.elapsed();
+    assert!(took < timeout, "{what}: reported after {took:?}");
+    eprintln!("{what}: {}", comms[0].check_usable().unwrap_err());
+}
+
+/// With `Config::check_divergence`, ranks that call with another length, dtype or algorithm,
+/// or that skipped a call, get `Error::Diverged` on every rank before any data moves; calls
+/// that agree are unaffected (checked bit for bit with a late rank).
+fn diverged_calls_are_reported_on_every_rank(ctx: Arc<CudaContext>) {
+    use Algorithm::{LowLatency, OneShot, TwoShot};
+    let same = |n: usize| vec![(n, true, OneShot)];
+    expect_divergence(&ctx, "length", &[same(1000), same(1000), same(1001)]);
+    expect_divergence(
+        &ctx,
+        "dtype",
+        &[same(1000), vec![(1000, false, OneShot)], same(1000)],
+    );
+    expect_divergence(
+        &ctx,
+        "algorithm",
+        &[same(1000), vec![(1000, true, TwoShot)], same(1000)],
+    );
+    expect_divergence(
+        &ctx,
+        "low-latency vs one-shot",
+        &[vec![(64, true, LowLatency)], same(64)],
+    );
+    let all = vec![
+        (1000, true, OneShot),
+        (2000, true, TwoShot),
+        (3000, true, OneShot),
+    ];
+    let skipped = vec![(1000, true, OneShot), (3000, true, OneShot)];
+    expect_divergence(&ctx, "skipped call", &[all.clone(), skipped, all]);
+
+    let config = Config {
+        check_divergence: true,
+        ..config(4 << 20)
+    };
+    let (comms, streams) = common::group(&ctx, 4, config);
+    let calls: [(usize, How); 4] = [
+        (4099, How::Forced(Algorithm::LowLatency)),
+        (100_003, How::Forced(Algorithm::OneShot)),
+        (300_001, How::Forced(Algorithm::TwoShot)),
+        (70_001, How::Symmetric),
+    ];
+    for (k, (len, how)) in calls.into_iter().enumerate() {
+        checked_call::<f16>(
+            &comms,
+            &streams,
+            len,
+            how,
+            Some(k % 4),
+            k as u64,
+            &format!("checked {how:?}"),
+        );
+    }
+}
+
 fn main() -> std::process::ExitCode {
     common::harness::run(
         "protocol",
@@ -541,6 +646,7 @@ fn main() -> std::process::ExitCode {
             gpu_test!(a_graph_replayed_after_a_timeout_returns_within_twice_the_timeout),
             gpu_test!(a_timeout_is_pushed_to_every_rank),
             gpu_test!(sentinel_bit_patterns_give_the_same_bits_on_every_algorithm),
+            gpu_test!(diverged_calls_are_reported_on_every_rank),
             gpu_test!(a_million_mixed_calls_on_two_streams_sampled_bit_exact),
         ],
     )

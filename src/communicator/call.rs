@@ -177,7 +177,7 @@ impl Communicator {
         let peer = self.peer()?;
         self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
         self.order_after_previous_call(stream)?;
-        peer.launch_sync_floor(self.plan(len, dtype, algorithm), stream)
+        peer.launch_sync_floor(self.plan(len, dtype, algorithm), dtype, len, stream)
     }
 
     /// Test hook: holds `stream` for `ns` nanoseconds (one spinning thread), so that this

@@ -9,7 +9,8 @@
 //! 0        signal pad: [phase 0..3][block 0..64][16 u64 slots], one 128-byte row per block;
 //!          peers write slot [phase][block][their rank] with 64-bit epochs
 //! 32 KiB   call state: completed-call counter (u64), arrived-block counter, poison word
-//! 64 KiB   data buffer, parity 0 (data_bytes): the kernels' copy of the caller's input
+//! 64 KiB   divergence check: [epoch parity 2][block][source rank] × 32-byte call announcements
+//! 128 KiB  data buffer, parity 0 (data_bytes): the kernels' copy of the caller's input
 //! ...      data buffer, parity 1 (data_bytes)
 //! ...      symmetric buffer (data_bytes): the caller's data for the zero-copy in-place call
 //! ...      low-latency slots: [buffer 3][source rank W] × ll_slot_bytes of 16-byte lines
@@ -23,15 +24,18 @@ mod workspace;
 
 pub(crate) use workspace::{allocate, Workspace};
 
-use crate::kernels::abi::{LL_BUFFERS, MAX_BLOCKS, MAX_RANKS, SIGNAL_PHASES, SLOTS_PER_ROW};
+use crate::kernels::abi::{
+    CHECK_BYTES, CHECK_OFFSET, LL_BUFFERS, MAX_BLOCKS, MAX_RANKS, SIGNAL_PHASES, SLOTS_PER_ROW,
+};
 
 pub(crate) const SIGNAL_OFFSET: usize = 0;
 pub(crate) const SIGNAL_ROW_BYTES: usize = SLOTS_PER_ROW * 8;
 pub(crate) const STATE_OFFSET: usize = 32 << 10;
-pub(crate) const DATA_OFFSET: usize = 64 << 10;
+pub(crate) const DATA_OFFSET: usize = 128 << 10;
 
 const _: () = assert!(SIGNAL_OFFSET + SIGNAL_PHASES * MAX_BLOCKS * SIGNAL_ROW_BYTES <= STATE_OFFSET);
-const _: () = assert!(STATE_OFFSET + 128 <= DATA_OFFSET);
+const _: () = assert!(STATE_OFFSET + 128 <= CHECK_OFFSET);
+const _: () = assert!(CHECK_OFFSET + CHECK_BYTES <= DATA_OFFSET);
 const _: () = assert!(MAX_RANKS <= SLOTS_PER_ROW);
 
 /// Sizes derived from the configured capacity and the device granularity.

@@ -110,6 +110,10 @@ pub struct Args {
     /// kernel, and the largest `low_latency` runs (K/M suffixes).
     #[arg(long = "low-latency-max", value_name = "BYTES", value_parser = parse_size)]
     pub low_latency_max: Option<usize>,
+
+    /// Run with the divergence check on (`Config::check_divergence`), to measure its cost.
+    #[arg(long = "check-divergence")]
+    pub check_divergence: bool,
 }
 
 /// `--launcher`.
@@ -324,6 +328,8 @@ pub struct RunPlan {
     pub low_latency_max: usize,
     /// `Config::pdl` for the run (off with `--no-pdl`).
     pub pdl: bool,
+    /// `Config::check_divergence` for the run (`--check-divergence`).
+    pub check_divergence: bool,
 }
 
 impl RunPlan {
@@ -348,6 +354,7 @@ impl RunPlan {
                 .low_latency_max
                 .unwrap_or(symm_allreduce::Config::default().low_latency_max_bytes),
             pdl: !args.no_pdl,
+            check_divergence: args.check_divergence,
         }
     }
 
@@ -357,6 +364,7 @@ impl RunPlan {
             capacity_bytes,
             low_latency_max_bytes: self.low_latency_max,
             pdl: self.pdl,
+            check_divergence: self.check_divergence,
             ..symm_allreduce::Config::default()
         }
     }
