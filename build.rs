@@ -9,6 +9,8 @@
 //! Without nvcc the crate still builds: the three files are written empty, a cargo warning
 //! says so, and every launch returns `Error::KernelsUnavailable`. Set
 //! `SYMM_ALLREDUCE_REQUIRE_KERNELS=1` to make a missing or failing nvcc a build error (CI).
+//! `SYMM_ALLREDUCE_NO_KERNELS=1` builds that stub on purpose, without looking for nvcc (for
+//! type-checking builds, e.g. `.ci/dependents.sh`); asking for both is a build error.
 
 use std::env;
 use std::fs;
@@ -35,6 +37,7 @@ fn main() {
         "CUDA_NVCC_FLAGS",
         "DOCS_RS",
         "SYMM_ALLREDUCE_REQUIRE_KERNELS",
+        "SYMM_ALLREDUCE_NO_KERNELS",
         "SYMM_ALLREDUCE_ARCHS",
         "CC",
     ] {
@@ -46,6 +49,13 @@ fn main() {
     }
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let require = env::var("SYMM_ALLREDUCE_REQUIRE_KERNELS").is_ok_and(|v| v == "1");
+    let skip = env::var("SYMM_ALLREDUCE_NO_KERNELS").is_ok_and(|v| v == "1");
+    if require && skip {
+        eprintln!(
+            "error: SYMM_ALLREDUCE_REQUIRE_KERNELS=1 and SYMM_ALLREDUCE_NO_KERNELS=1 contradict each other"
+        );
+        std::process::exit(1);
+    }
     // Settings that are wrong whether or not nvcc is present are errors, not a silent stub.
     let settings =
         support::reject_unsafe_flags(&env::var("CUDA_NVCC_FLAGS").unwrap_or_default()).and_then(|()| {
@@ -62,6 +72,8 @@ fn main() {
 
     let result = if env::var_os("DOCS_RS").is_some() {
         Err("building on docs.rs".to_string())
+    } else if skip {
+        Err("SYMM_ALLREDUCE_NO_KERNELS=1".to_string())
     } else {
         find_nvcc(&manifest)
             .ok_or_else(|| {

@@ -28,60 +28,44 @@ const RANK_ENV: &str = "SYMM_EXAMPLE_RANK";
 const ADDRESS_ENV: &str = "SYMM_EXAMPLE_STORE";
 const NCCL_ID_ENV: &str = "SYMM_EXAMPLE_NCCL_ID";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How the ranks meet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Boot {
+    /// A socket store on an abstract Unix socket (several ranks may share a GPU).
     Socket,
+    /// An NCCL unique id made by the parent; each rank builds its own NCCL communicator.
     Nccl,
 }
 
+/// One process per rank: starts `--world` copies of itself, each runs checked all-reduces.
+#[derive(Debug, clap::Parser)]
+#[command(name = "multiprocess")]
 struct Args {
+    /// Number of ranks (1..=8), one process each.
+    #[arg(long, default_value_t = 2)]
     world: usize,
+    /// How the ranks meet.
+    #[arg(long = "bootstrap", value_enum, default_value = "socket")]
     boot: Boot,
+    /// The launcher kills ranks still running after this many seconds.
+    #[arg(long = "timeout-secs", value_name = "S", default_value = "300", value_parser = parse_secs)]
     timeout: Duration,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        world: 2,
-        boot: Boot::Socket,
-        timeout: Duration::from_secs(300),
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{a} needs a value"));
-        match a.as_str() {
-            "--world" => args.world = value()?.parse().map_err(|e| format!("--world: {e}"))?,
-            "--bootstrap" => {
-                args.boot = match value()?.as_str() {
-                    "socket" => Boot::Socket,
-                    "nccl" => Boot::Nccl,
-                    other => return Err(format!("--bootstrap {other}: expected socket or nccl")),
-                }
-            }
-            "--timeout-secs" => {
-                args.timeout =
-                    Duration::from_secs(value()?.parse().map_err(|e| format!("--timeout-secs: {e}"))?)
-            }
-            "-h" | "--help" => {
-                return Err(
-                    "usage: multiprocess [--world N] [--bootstrap socket|nccl] [--timeout-secs S]".into(),
-                )
-            }
-            other => return Err(format!("unknown argument {other}")),
-        }
-    }
-    symm_allreduce::validate_world(args.world).map_err(|e| e.to_string())?;
-    Ok(args)
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    s.parse::<u64>()
+        .map(Duration::from_secs)
+        .map_err(|e| format!("{s:?}: {e}"))
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
-    };
+    // Bad flags: clap prints the usage and exits with 2.
+    let args = <Args as clap::Parser>::parse();
+    // Errors are printed in their human (Display) form, which says what to do.
+    if let Err(e) = symm_allreduce::validate_world(args.world) {
+        eprintln!("multiprocess: {e}");
+        return ExitCode::from(2);
+    }
     let result = match std::env::var(RANK_ENV) {
         Ok(rank) => match rank.parse::<usize>() {
             Ok(rank) => rank_main(rank, &args),
@@ -92,7 +76,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("{e}");
+            eprintln!("multiprocess: {e}");
             ExitCode::FAILURE
         }
     }
@@ -128,11 +112,7 @@ fn launcher(args: &Args) -> Result<(), String> {
                 ));
             }
             let id = Id::new().map_err(|e| format!("ncclGetUniqueId: {:?}", e.0))?;
-            let hex: String = id
-                .internal()
-                .iter()
-                .map(|&c| format!("{:02x}", c as u8))
-                .collect();
+            let hex = hex::encode(id.internal().map(|c| c as u8));
             println!(
                 "launcher: NCCL {} ({}), unique id made here and passed to every rank",
                 info.version, info.name
@@ -220,11 +200,9 @@ fn rank_main(rank: usize, args: &Args) -> Result<(), String> {
         }
         Boot::Nccl => {
             let hex = std::env::var(NCCL_ID_ENV).map_err(|_| "no NCCL id")?;
-            let mut internal = [0 as std::ffi::c_char; 128];
-            for (i, c) in internal.iter_mut().enumerate() {
-                let byte = hex.get(2 * i..2 * i + 2).ok_or("NCCL id too short")?;
-                *c = u8::from_str_radix(byte, 16).map_err(|e| e.to_string())? as std::ffi::c_char;
-            }
+            let mut bytes = [0u8; 128];
+            hex::decode_to_slice(&hex, &mut bytes).map_err(|e| format!("{NCCL_ID_ENV}: {e}"))?;
+            let internal = bytes.map(|b| b as std::ffi::c_char);
             ctx.bind_to_thread().map_err(|e| e.to_string())?;
             // What an engine already has: its own NCCL communicator on its own stream.
             let nccl = Comm::from_rank(stream.clone(), rank, world, Id::uninit(internal))

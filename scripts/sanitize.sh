@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # compute-sanitizer memcheck, racecheck and synccheck over the GPU test suite on virtual ranks.
-# Run on the GPU machine after ../shared/tools/gpu-stage (binaries in .gpu/bin):
+# Run on the GPU machine after scripts/gpu-stage.sh (binaries in .gpu/bin):
 #   bash scripts/sanitize.sh [TEST_FILTER...]
 # Writes one log per tool under $OUT (or /tmp/out) and prints a summary line per tool.
 set -u

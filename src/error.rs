@@ -64,7 +64,7 @@ pub enum Error {
     },
 
     /// A CUDA driver call failed.
-    #[error("CUDA call {call} failed: {source}")]
+    #[error("CUDA call {call} failed: {}", cuda_code(source))]
     Cuda {
         /// The driver function (or step) that failed.
         call: &'static str,
@@ -207,8 +207,9 @@ pub enum Error {
     /// could not be ordered (an event recorded on the old stream, waited for by the new one).
     #[error(
         "this call is on another stream than the communicator's previous call, and ordering it after that \
-         call failed ({source}); keep one stream per communicator while capturing a graph, or synchronize the \
-         previous stream before switching"
+         call failed ({}); keep one stream per communicator while capturing a graph, or synchronize the \
+         previous stream before switching",
+        cuda_code(source)
     )]
     StreamOrder {
         /// The driver's code.
@@ -274,6 +275,13 @@ pub enum Error {
     },
 }
 
+/// The driver's code by name (`CUDA_ERROR_OUT_OF_MEMORY`). cudarc's own `Display` is its
+/// `Debug` form, and it asks the driver for the description, which panics where `libcuda`
+/// cannot be loaded; the name alone needs nothing.
+fn cuda_code(e: &DriverError) -> String {
+    format!("{:?}", e.0)
+}
+
 fn on_rank(rank: Option<usize>) -> String {
     match rank {
         Some(r) => format!("on rank {r}"),
@@ -322,6 +330,153 @@ mod tests {
     fn error_is_send_sync_static() {
         fn assert_bounds<T: Send + Sync + 'static + std::error::Error>() {}
         assert_bounds::<Error>();
+    }
+
+    /// Number of `Error` variants; `variant` below matches them exhaustively, so a new
+    /// variant does not compile until it gets an index here, and the test fails until
+    /// `every_error` constructs it.
+    const VARIANTS: usize = 23;
+
+    /// A stable index per variant and the text its message must contain to say what to do
+    /// (`None` where the message carries the cause only).
+    fn variant(e: &Error) -> (usize, Option<&'static str>) {
+        match e {
+            Error::DriverUnavailable { .. } => (0, Some("install the NVIDIA driver")),
+            Error::NoDevice => (1, Some("CUDA_VISIBLE_DEVICES")),
+            Error::DeviceNotFound { .. } => (2, Some("device(s) are visible")),
+            Error::Cuda { .. } => (3, None),
+            Error::KernelsUnavailable => (4, Some("scripts/install-nvcc.sh")),
+            Error::Unsupported { .. } => (5, None),
+            Error::InvalidWorldSize { .. } => (6, None),
+            Error::InvalidConfig(_) => (7, None),
+            Error::Empty => (8, Some("pass at least one element")),
+            Error::LengthMismatch { .. } => (9, Some("must be equal")),
+            Error::ExceedsCapacity { .. } => (10, Some("raise Config::capacity_bytes")),
+            Error::Misaligned { .. } => (11, Some("16-byte packs")),
+            Error::WrongDevice { .. } => (12, None),
+            Error::PeerTimeout { .. } => (13, Some("a peer died, diverged")),
+            Error::PeerSetupFailed { .. } => (14, None),
+            Error::Poisoned { .. } => (15, Some("create a new one")),
+            Error::StreamOrder { .. } => (16, Some("keep one stream per communicator")),
+            Error::KernelFault { .. } => (17, Some("every rank must run the same build")),
+            Error::Nccl { .. } => (18, None),
+            Error::NcclUnavailable { .. } => (19, Some("Communicator::from_nccl")),
+            Error::MissingSecret { .. } => (20, Some("StoreAddress::unique")),
+            Error::PeerRefused { .. } => (21, None),
+            Error::Bootstrap { .. } => (22, None),
+        }
+    }
+
+    fn every_error() -> Vec<Error> {
+        let code = cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+        vec![
+            Error::DriverUnavailable {
+                detail: "libcuda.so.1: cannot open shared object file".into(),
+            },
+            Error::NoDevice,
+            Error::DeviceNotFound { ordinal: 3, count: 1 },
+            Error::Cuda {
+                call: "cuMemCreate",
+                source: DriverError(code),
+            },
+            Error::KernelsUnavailable,
+            Error::Unsupported {
+                ordinal: 0,
+                reason: "compute capability 7.5 is below 8.0".into(),
+            },
+            Error::InvalidWorldSize {
+                world: 9,
+                reason: "at most 8 ranks".into(),
+            },
+            Error::InvalidConfig("max_blocks_per_rank must be in 1..=64, got 0".into()),
+            Error::Empty,
+            Error::LengthMismatch { input: 4, output: 5 },
+            Error::ExceedsCapacity {
+                bytes: 10,
+                capacity: 4,
+            },
+            Error::Misaligned {
+                which: "input",
+                address: 0x7f00_0000_0004,
+            },
+            Error::WrongDevice {
+                which: "stream",
+                expected: 0,
+                found: 1,
+            },
+            Error::PeerTimeout {
+                rank: 0,
+                peer: 1,
+                phase: BarrierPhase::Arrival,
+                timeout: Duration::from_secs(10),
+            },
+            Error::PeerSetupFailed {
+                step: "mapping",
+                rank: Some(2),
+                reason: "cuMemMap failed".into(),
+            },
+            Error::Poisoned {
+                cause: Box::new(Error::PeerTimeout {
+                    rank: 1,
+                    peer: 0,
+                    phase: BarrierPhase::Unknown(9),
+                    timeout: Duration::from_millis(1500),
+                }),
+            },
+            Error::StreamOrder {
+                source: DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_HANDLE),
+            },
+            Error::KernelFault { code: 0xdead },
+            Error::from_cudarc_nccl("ncclAllReduce")(cudarc::nccl::result::NcclError(
+                cudarc::nccl::sys::ncclResult_t::ncclInvalidUsage,
+            )),
+            Error::NcclUnavailable {
+                reason: "the communicator was created without NCCL".into(),
+            },
+            Error::MissingSecret {
+                address: "@job-1".into(),
+                problem: "has no #secret".into(),
+            },
+            Error::PeerRefused {
+                reason: "peer uid 1001 is not this job's uid 1000".into(),
+            },
+            Error::Bootstrap {
+                reason: "bind @job-1: address in use".into(),
+            },
+        ]
+    }
+
+    #[test]
+    fn every_variant_displays_in_human_form_with_its_hint() {
+        let errors = every_error();
+        let mut seen = [false; VARIANTS];
+        for e in &errors {
+            let (index, hint) = variant(e);
+            seen[index] = true;
+            let text = e.to_string();
+            // Printed so that `cargo test -- --nocapture` shows every message as users see it.
+            println!("{text}");
+            assert!(!text.trim().is_empty(), "variant {index}: empty message");
+            // No Debug form: no `Name { field: .. }`, no `DriverError(..)` tuple.
+            assert!(
+                !text.contains('{') && !text.contains('}'),
+                "variant {index}: {text}"
+            );
+            assert!(!text.contains("DriverError"), "variant {index}: {text}");
+            if let Some(hint) = hint {
+                assert!(
+                    text.contains(hint),
+                    "variant {index} lacks its hint {hint:?}: {text}"
+                );
+            }
+        }
+        let missing: Vec<usize> = (0..VARIANTS).filter(|&i| !seen[i]).collect();
+        assert!(missing.is_empty(), "variants not constructed: {missing:?}");
+        // The driver code by name, without asking the (absent) driver for a description.
+        assert!(errors[3].to_string().contains("CUDA_ERROR_OUT_OF_MEMORY"));
+        assert!(errors[16].to_string().contains("CUDA_ERROR_INVALID_HANDLE"));
+        // A poisoned communicator says why, with the cause's own words.
+        assert!(errors[15].to_string().contains("barrier phase 9"));
     }
 
     #[test]

@@ -83,14 +83,13 @@ fn version_string(code: i32) -> String {
     format!("{}.{}.{}", code / 10000, (code / 100) % 100, code % 100)
 }
 
-/// The names tried, in order: cudarc's list (so that a library cudarc loaded is the one used
-/// here), then the soname of runtime-only installs.
+/// The names tried, in order: `libnccl.so`, the name cudarc's loader finds NCCL by (so that a
+/// library cudarc loaded is the one used here), then `libnccl.so.2`, the soname of
+/// runtime-only installs. Written out rather than taken from `cudarc::get_lib_name_candidates`,
+/// which exists only with cudarc's `dynamic-loading`, not beside an application that selects
+/// `dynamic-linking` (candle, mistral.rs).
 pub(crate) fn candidate_names() -> Vec<String> {
-    let mut names = cudarc::get_lib_name_candidates("nccl");
-    if !names.iter().any(|n| n == "libnccl.so.2") {
-        names.push("libnccl.so.2".to_string());
-    }
-    names
+    vec!["libnccl.so".to_string(), "libnccl.so.2".to_string()]
 }
 
 pub(crate) fn library() -> Result<&'static NcclLibrary> {

@@ -25,25 +25,52 @@ store. With at least --world GPUs NCCL is measured in the same run; with fewer i
 
 Every mode also times the same launch structure with the body-less kernel (`empty` column):
 on one GPU the launch cost of all W ranks is paid serially, and `time - empty` cancels it.
-Columns and files: see symm-bench/README.md.";
+Columns and files: see symm-bench/README.md.
 
-/// Latency and bandwidth of symm-allreduce's one-shot and two-shot all-reduce, with NCCL
-/// beside it, in nccl-tests style.
+nccl-tests flags: `-b 8 -e 128M -f 2 -n 50 -w 5 -d bfloat16 -g 8` means sizes 8 B, 16 B, ...
+128 MiB, 50 timed and 5 warm-up rounds, bf16, 8 ranks; -b/-e/-f replace --sizes.
+
+The estimated duration printed at start is a rough model, not a measurement: for every
+(dtype, size, algorithm, mode), (warm-up + timed rounds) × all-reduces per round × (2·W µs of
+launches + 5·W·S bytes through HBM at 4 TB/s), the empty-kernel twin's launches, and 30 ms
+per row for verification and graph capture.";
+
+/// Latency and bandwidth of symm-allreduce's all-reduce kernels, with NCCL beside it, in
+/// nccl-tests style. The nccl-tests flags work too: -b/-e/-f for the size range, -n/-w for
+/// iterations and warm-up, -d for the type, -g for the number of GPUs (ranks).
 #[derive(Debug, Parser)]
 #[command(name = "symm-bench", version, about, after_help = AFTER_HELP)]
 pub struct Args {
-    /// Number of ranks.
-    #[arg(long, default_value_t = 8)]
+    /// Number of ranks (nccl-tests: -g/--ngpus).
+    #[arg(long, short = 'g', visible_alias = "ngpus", default_value_t = 8)]
     pub world: usize,
 
     /// Message sizes in bytes per rank: a comma list with optional K/M/G suffixes (powers of
     /// 1024), e.g. 1K,8K,64M,3000; or `sweep`: powers of two 1 KiB..256 MiB plus 3000 B,
     /// 24690 B and 1000000 B. Each size is rounded down to a whole number of elements.
-    #[arg(long, default_value = "sweep", value_parser = parse_sizes)]
+    #[arg(long, default_value = "sweep", value_parser = parse_sizes,
+          conflicts_with_all = ["minbytes", "maxbytes", "stepfactor"])]
     pub sizes: SizeSpec,
 
-    /// Element types.
-    #[arg(long = "dtype", value_delimiter = ',', default_value = "bf16,f32")]
+    /// nccl-tests style range, smallest size (K/M/G suffixes) [default with -e or -f: 1K].
+    /// -b, -e and -f replace --sizes with minbytes, minbytes·f, minbytes·f², ... up to
+    /// maxbytes.
+    #[arg(short = 'b', long = "minbytes", value_name = "SIZE", value_parser = parse_size)]
+    pub minbytes: Option<usize>,
+
+    /// nccl-tests style range, largest size [default with -b or -f: 256M, or minbytes if
+    /// larger].
+    #[arg(short = 'e', long = "maxbytes", value_name = "SIZE", value_parser = parse_size)]
+    pub maxbytes: Option<usize>,
+
+    /// nccl-tests style range, factor between consecutive sizes [default with -b or -e: 2].
+    #[arg(short = 'f', long = "stepfactor", value_name = "N",
+          value_parser = clap::value_parser!(u64).range(2..))]
+    pub stepfactor: Option<u64>,
+
+    /// Element types: bf16, f16, f32 (nccl-tests names bfloat16, half, float also work).
+    #[arg(long = "dtype", short = 'd', visible_alias = "datatype", value_delimiter = ',',
+          default_value = "bf16,f32", value_parser = parse_dtype)]
     pub dtypes: Vec<DType>,
 
     /// Algorithms: low_latency (sizes up to 32 KiB), one_shot, two_shot, auto (the library's size-based choice), symmetric
@@ -64,9 +91,19 @@ pub struct Args {
     pub modes: Vec<Mode>,
 
     /// Timed rounds per row and mode [default: eager 200, graph_amortised 50 (of 10
-    /// all-reduces each), graph_isolated 200; with --quick 50, 20, 100].
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    /// all-reduces each), graph_isolated 200; with --quick 50, 20, 100] (nccl-tests: -n).
+    #[arg(long, short = 'n', value_parser = clap::value_parser!(u32).range(1..))]
     pub iters: Option<u32>,
+
+    /// Untimed warm-up rounds per row and mode before the timed ones [default: eager 10,
+    /// graph modes 2] (nccl-tests: -w/--warmup_iters).
+    #[arg(
+        short = 'w',
+        long = "warmup_iters",
+        visible_alias = "warmup-iters",
+        value_name = "N"
+    )]
+    pub warmup: Option<u32>,
 
     /// Directory for results.csv, results.json and latency.png.
     #[arg(long, default_value = "bench-out")]
@@ -236,6 +273,14 @@ impl Mode {
         }
     }
 
+    /// Default warm-up rounds (eager: one batch of 10; graph modes: 2 replays).
+    pub fn default_warmup(self) -> usize {
+        match self {
+            Mode::Eager => 10,
+            Mode::GraphAmortised | Mode::GraphIsolated => 2,
+        }
+    }
+
     /// Default timed rounds.
     pub fn default_rounds(self, quick: bool) -> usize {
         match (self, quick) {
@@ -289,6 +334,58 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
     Ok(bytes)
 }
 
+/// Parses one `--dtype` entry: the crate's names (`bf16`, `f16`, `f32`) or nccl-tests'
+/// (`bfloat16`, `half`, `float`; also `float16`, `float32`, `fp16`, `fp32`).
+pub fn parse_dtype(s: &str) -> Result<DType, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "bf16" | "bfloat16" => Ok(DType::BF16),
+        "f16" | "half" | "float16" | "fp16" => Ok(DType::F16),
+        "f32" | "float" | "float32" | "fp32" => Ok(DType::F32),
+        other => Err(format!(
+            "unknown dtype {other:?}: expected bf16 (bfloat16), f16 (half) or f32 (float)"
+        )),
+    }
+}
+
+/// The nccl-tests size range: `min`, `min·factor`, ... while at most `max`.
+pub fn size_range(min: usize, max: usize, factor: u64) -> Result<Vec<usize>, String> {
+    if min > max {
+        return Err(format!(
+            "-b/--minbytes {} is larger than -e/--maxbytes {}",
+            format_size(min),
+            format_size(max)
+        ));
+    }
+    let factor = usize::try_from(factor).map_err(|_| format!("-f/--stepfactor {factor} is too large"))?;
+    if factor < 2 {
+        return Err(format!("-f/--stepfactor must be at least 2, got {factor}"));
+    }
+    let mut sizes = Vec::new();
+    let mut s = min;
+    loop {
+        sizes.push(s);
+        match s.checked_mul(factor) {
+            Some(next) if next <= max => s = next,
+            _ => break,
+        }
+    }
+    Ok(sizes)
+}
+
+impl Args {
+    /// Applies the nccl-tests range flags (-b/-e/-f): when any is given, `sizes` becomes the
+    /// list they describe. Call once after parsing.
+    pub fn resolve(mut self) -> Result<Args, String> {
+        if self.minbytes.is_some() || self.maxbytes.is_some() || self.stepfactor.is_some() {
+            let min = self.minbytes.unwrap_or(KIB);
+            let max = self.maxbytes.unwrap_or((256 * MIB).max(min));
+            let sizes = size_range(min, max, self.stepfactor.unwrap_or(2))?;
+            self.sizes = SizeSpec::List(sizes);
+        }
+        Ok(self)
+    }
+}
+
 /// The default sweep: powers of two 1 KiB..=256 MiB plus three odd sizes, ascending.
 pub fn sweep_sizes() -> Vec<usize> {
     let mut v: Vec<usize> = (10..=28).map(|p| 1usize << p).collect();
@@ -322,6 +419,8 @@ pub struct RunPlan {
     pub modes: Vec<Mode>,
     /// `--iters`, if given.
     pub iters: Option<usize>,
+    /// `--warmup_iters`, if given.
+    pub warmup: Option<usize>,
     /// `--quick`.
     pub quick: bool,
     /// `Config::low_latency_max_bytes` for the run (`--low-latency-max`).
@@ -349,6 +448,7 @@ impl RunPlan {
             algos: dedup(&args.algos),
             modes: Mode::ALL.into_iter().filter(|m| args.modes.contains(m)).collect(),
             iters: args.iters.map(|n| n as usize),
+            warmup: args.warmup.map(|n| n as usize),
             quick: args.quick,
             low_latency_max: args
                 .low_latency_max
@@ -372,6 +472,41 @@ impl RunPlan {
     /// Timed rounds for `mode`.
     pub fn rounds(&self, mode: Mode) -> usize {
         self.iters.unwrap_or_else(|| mode.default_rounds(self.quick))
+    }
+
+    /// Warm-up rounds for `mode`.
+    pub fn warmup(&self, mode: Mode) -> usize {
+        self.warmup.unwrap_or_else(|| mode.default_warmup())
+    }
+
+    /// A rough estimate of the run's duration, printed at start. For every (dtype, size,
+    /// algorithm that runs at that size, mode): (warm-up + timed rounds) × all-reduces per
+    /// round × an estimated time per all-reduce, the same rounds again for the empty-kernel
+    /// twin (not for NCCL), and a fixed cost for verification and graph capture. The time
+    /// per all-reduce is `2·W µs` of launches plus `5·W·S` bytes through HBM at 4 TB/s (what
+    /// W virtual ranks on one H200 cost); one rank per GPU over NVLink differs.
+    pub fn estimate(&self, world: usize) -> std::time::Duration {
+        const ROW_OVERHEAD_S: f64 = 0.03;
+        let launch_us = 2.0 * world as f64;
+        let mut seconds = 0.0;
+        for _ in &self.dtypes {
+            for &size in &self.sizes {
+                for &algo in self.algos.iter().filter(|&&a| self.runs(a, size)) {
+                    let op_us = launch_us + 5.0 * world as f64 * size as f64 / 4e6;
+                    for &mode in &self.modes {
+                        let rounds = (self.warmup(mode) + self.rounds(mode)) as f64;
+                        let ops = rounds * mode.ops_per_round() as f64;
+                        let empty_us = if algo == AlgoChoice::Nccl {
+                            0.0
+                        } else {
+                            ops * launch_us
+                        };
+                        seconds += (ops * op_us + empty_us) * 1e-6 + ROW_OVERHEAD_S;
+                    }
+                }
+            }
+        }
+        std::time::Duration::from_secs_f64(seconds)
     }
 
     /// Whether `algo` runs at `bytes` (one-shot stops at 64 MiB in a sweep).
@@ -462,6 +597,159 @@ mod tests {
         assert_eq!(format_size(64 << 20), "64M");
         assert_eq!(format_size(1 << 30), "1G");
         assert_eq!(format_size(1536), "1536");
+    }
+
+    fn parse(argv: &[&str]) -> Args {
+        Args::try_parse_from(argv).unwrap().resolve().unwrap()
+    }
+
+    #[test]
+    fn nccl_tests_flags_give_the_same_plan_as_the_long_ones() {
+        let short = parse(&["symm-bench", "-b", "1K", "-e", "1M", "-f", "4", "-d", "bfloat16"]);
+        let long = parse(&[
+            "symm-bench",
+            "--sizes",
+            "1K,4K,16K,64K,256K,1M",
+            "--dtype",
+            "bf16",
+        ]);
+        assert_eq!(
+            short.sizes,
+            SizeSpec::List(vec![1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20])
+        );
+        assert_eq!(short.sizes, long.sizes);
+        assert_eq!(short.dtypes, vec![DType::BF16]);
+        let (a, b) = (RunPlan::from_args(&short), RunPlan::from_args(&long));
+        assert_eq!(
+            (a.sizes, a.dtypes, a.explicit_sizes),
+            (b.sizes, b.dtypes, b.explicit_sizes)
+        );
+
+        // The example of the issue, and the long spellings of every short flag.
+        let a = parse(&[
+            "symm-bench",
+            "-b",
+            "8",
+            "-e",
+            "128M",
+            "-f",
+            "2",
+            "-n",
+            "50",
+            "-w",
+            "5",
+            "-d",
+            "bfloat16",
+            "-g",
+            "8",
+        ]);
+        let b = parse(&[
+            "symm-bench",
+            "--minbytes",
+            "8",
+            "--maxbytes",
+            "128M",
+            "--stepfactor",
+            "2",
+            "--iters",
+            "50",
+            "--warmup_iters",
+            "5",
+            "--datatype",
+            "bf16",
+            "--ngpus",
+            "8",
+        ]);
+        for args in [&a, &b] {
+            let plan = RunPlan::from_args(args);
+            assert_eq!(plan.sizes.len(), 25, "8 B · 2^0..=24 = 128 MiB");
+            assert_eq!((plan.sizes[0], plan.sizes[24]), (8, 128 << 20));
+            assert_eq!(
+                (plan.rounds(Mode::Eager), plan.warmup(Mode::GraphIsolated)),
+                (50, 5)
+            );
+            assert_eq!((args.world, plan.dtypes.clone()), (8, vec![DType::BF16]));
+        }
+        // nccl-tests type names.
+        for (name, dtype) in [
+            ("float", DType::F32),
+            ("half", DType::F16),
+            ("bfloat16", DType::BF16),
+            ("f16", DType::F16),
+        ] {
+            assert_eq!(parse(&["symm-bench", "-d", name]).dtypes, vec![dtype]);
+        }
+        assert_eq!(
+            parse(&["symm-bench", "-d", "half,float"]).dtypes,
+            vec![DType::F16, DType::F32]
+        );
+        // Defaults of a partial range; a range that stops below max; bad ranges.
+        assert_eq!(
+            parse(&["symm-bench", "-e", "4K"]).sizes,
+            SizeSpec::List(vec![1024, 2048, 4096])
+        );
+        assert_eq!(
+            parse(&["symm-bench", "-b", "3000", "-e", "10000", "-f", "3"]).sizes,
+            SizeSpec::List(vec![3000, 9000])
+        );
+        assert_eq!(
+            parse(&["symm-bench", "-b", "1G"]).sizes,
+            SizeSpec::List(vec![1 << 30])
+        );
+        assert!(Args::try_parse_from(["symm-bench", "-b", "1M", "-e", "1K"])
+            .unwrap()
+            .resolve()
+            .is_err());
+        assert!(Args::try_parse_from(["symm-bench", "-f", "1"]).is_err());
+        assert!(Args::try_parse_from(["symm-bench", "-b", "1K", "--sizes", "8K"]).is_err());
+        assert!(Args::try_parse_from(["symm-bench", "-d", "double"]).is_err());
+        // Without -w the defaults: one eager batch, two graph replays.
+        let plan = RunPlan::from_args(&parse(&["symm-bench"]));
+        assert_eq!(
+            (plan.warmup(Mode::Eager), plan.warmup(Mode::GraphAmortised)),
+            (10, 2)
+        );
+    }
+
+    #[test]
+    fn the_estimate_grows_with_the_work() {
+        let plan = |argv: &[&str]| RunPlan::from_args(&parse(argv));
+        let full = plan(&["symm-bench"]).estimate(8);
+        let quick = plan(&["symm-bench", "--quick"]).estimate(8);
+        let one = plan(&[
+            "symm-bench",
+            "--sizes",
+            "8K",
+            "--algos",
+            "one_shot",
+            "--modes",
+            "eager",
+            "--dtype",
+            "bf16",
+        ]);
+        assert!(quick < full, "{quick:?} vs {full:?}");
+        println!("estimate of the default sweep at W=8: {full:?}; --quick: {quick:?}");
+        // The default sweep: minutes, not seconds or hours.
+        assert!(full.as_secs() > 60 && full.as_secs() < 3600, "{full:?}");
+        // One row: 30 ms + 210 rounds × (16 µs + 16 µs empty) + the bytes.
+        let secs = one.estimate(8).as_secs_f64();
+        let bytes_us = 5.0 * 8.0 * 8192.0 / 4e6;
+        let expected = 0.03 + 210.0 * (16.0 + bytes_us + 16.0) * 1e-6;
+        assert!((secs - expected).abs() < 1e-9, "{secs} vs {expected}");
+        let more = plan(&[
+            "symm-bench",
+            "--sizes",
+            "8K",
+            "--algos",
+            "one_shot",
+            "--modes",
+            "eager",
+            "--dtype",
+            "bf16",
+            "-n",
+            "2000",
+        ]);
+        assert!(more.estimate(8) > one.estimate(8));
     }
 
     #[test]

@@ -23,8 +23,8 @@ pub enum BenchError {
     /// From symm-allreduce.
     #[error(transparent)]
     Symm(#[from] symm_allreduce::Error),
-    /// A cudarc driver call.
-    #[error("CUDA call failed: {0}")]
+    /// A cudarc driver call (the code by name: cudarc's `Display` is its `Debug` form).
+    #[error("CUDA call failed: {:?}", .0.0)]
     Cuda(#[from] DriverError),
     /// An NCCL call.
     #[error("NCCL call {0} failed: {1}")]
@@ -113,10 +113,11 @@ pub fn free_memory(ctxs: &[Arc<CudaContext>]) -> Result<usize, DriverError> {
     Ok(free)
 }
 
-/// The largest message per rank that fits: each rank needs 2·capacity of workspace plus an
-/// input and an output, and `ranks_per_device` ranks share a device.
+/// The largest message per rank that fits: each rank needs 3·capacity of workspace (two data
+/// buffers and the symmetric buffer; the signals and low-latency slots fit in the headroom)
+/// plus an input and an output, and `ranks_per_device` ranks share a device.
 pub fn max_fitting_size(free: usize, ranks_per_device: usize) -> usize {
-    free.saturating_sub(HEADROOM) / (4 * ranks_per_device.max(1))
+    free.saturating_sub(HEADROOM) / (5 * ranks_per_device.max(1))
 }
 
 /// Median bandwidth of a 1 GiB device-to-device copy on `stream`, counting read and write
@@ -195,13 +196,14 @@ pub(crate) fn measure(
     streams: &[Arc<CudaStream>],
     mode: Mode,
     rounds: usize,
+    warmup: usize,
     round: &mut dyn FnMut() -> Result<(), BenchError>,
 ) -> Result<Measured, BenchError> {
     let per_sample = mode.rounds_per_sample();
     let samples = rounds.div_ceil(per_sample);
     let timed = match mode {
         Mode::Eager => {
-            timer.time(1, per_sample, round)?;
+            timer.time(warmup.div_ceil(per_sample), per_sample, round)?;
             timer.time(samples, per_sample, round)?
         }
         Mode::GraphAmortised | Mode::GraphIsolated => {
@@ -212,7 +214,7 @@ pub(crate) fn measure(
                 }
                 Ok(())
             };
-            timer.time(2, 1, &mut launch)?;
+            timer.time(warmup, 1, &mut launch)?;
             let t = timer.time(samples, 1, &mut launch)?;
             for s in streams {
                 s.synchronize()?;
@@ -321,7 +323,7 @@ impl Bench {
             }
             Ok(())
         };
-        let m = measure(&mut self.timer, streams, Mode::GraphIsolated, 200, &mut round)?;
+        let m = measure(&mut self.timer, streams, Mode::GraphIsolated, 200, 2, &mut round)?;
         Ok((m.stats.median, plan.blocks))
     }
 
@@ -528,14 +530,28 @@ impl Bench {
                 }
                 Ok(())
             };
-            let m = measure(&mut self.timer, streams, mode, rounds, &mut real)?;
+            let m = measure(
+                &mut self.timer,
+                streams,
+                mode,
+                rounds,
+                plan.warmup(mode),
+                &mut real,
+            )?;
             let mut empty = || -> Result<(), BenchError> {
                 for (c, s) in comms.iter().zip(streams) {
                     c.launch_empty(len, dtype, s, algorithm)?;
                 }
                 Ok(())
             };
-            let e = measure(&mut self.timer, streams, mode, rounds, &mut empty)?;
+            let e = measure(
+                &mut self.timer,
+                streams,
+                mode,
+                rounds,
+                plan.warmup(mode),
+                &mut empty,
+            )?;
             for (c, s) in comms.iter().zip(streams) {
                 c.synchronize(s)?;
             }
@@ -601,6 +617,7 @@ impl Bench {
                     &self.streams[..n],
                     mode,
                     plan.rounds(mode),
+                    plan.warmup(mode),
                     &mut round,
                 )?;
                 rows.push(
@@ -665,11 +682,11 @@ mod tests {
 
     #[test]
     fn sizes_fit_in_free_memory() {
-        // 141 GB free, 8 virtual ranks: (141 - 1) GiB / 32.
+        // 141 GB free, 8 virtual ranks: (141 - 1) GiB / 40.
         let free = 141usize << 30;
-        assert_eq!(max_fitting_size(free, 8), (140usize << 30) / 32);
+        assert_eq!(max_fitting_size(free, 8), (140usize << 30) / 40);
         assert!(max_fitting_size(free, 8) >= 256 << 20);
-        assert_eq!(max_fitting_size(free, 1), (140usize << 30) / 4);
+        assert_eq!(max_fitting_size(free, 1), (140usize << 30) / 5);
         assert_eq!(max_fitting_size(1 << 20, 8), 0);
     }
 }

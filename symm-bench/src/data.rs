@@ -97,9 +97,9 @@ pub fn checked_indices(len: usize) -> Vec<usize> {
 pub struct Expected {
     /// Checked indices.
     pub indices: Vec<usize>,
-    /// Σ_r x_r[i].
+    /// Σ_r x_r\[i\].
     pub sum: Vec<f64>,
-    /// Σ_r |x_r[i]|.
+    /// Σ_r |x_r\[i\]|.
     pub abs_sum: Vec<f64>,
 }
 

@@ -1,5 +1,6 @@
-//! `symm-bench`: latency and bandwidth of symm-allreduce's one-shot and two-shot all-reduce,
-//! with NCCL beside it, in nccl-tests style.
+//! `symm-bench`: latency and bandwidth of symm-allreduce's all-reduce kernels (low-latency,
+//! one-shot, two-shot, zero-copy in place, `auto`), with NCCL beside them, in nccl-tests
+//! style (nccl-tests' `-b/-e/-f/-n/-w/-d/-g` flags work too).
 //!
 //! For every (dtype, size, algorithm, mode) it prints a table row to stdout and writes the
 //! same rows to `results.csv` and `results.json` in `--out`, and draws `latency.png`.
@@ -13,8 +14,8 @@
 //! | --- | --- |
 //! | `dtype` | `bf16`, `f16` or `f32` |
 //! | `mode` | `eager`, `graph_amortised` (10 all-reduces per graph, time per all-reduce), `graph_isolated` (one per graph, each replay timed) |
-//! | `algo` | what was asked: `one_shot`, `two_shot`, `auto`, `nccl` |
-//! | `kernel` | what ran (`auto` resolves to `one_shot` or `two_shot`; `nccl`) |
+//! | `algo` | what was asked: `low_latency`, `one_shot`, `two_shot`, `auto`, `symmetric`, `nccl` |
+//! | `kernel` | what ran (`auto` resolves to `low_latency`, `one_shot` or `two_shot`; `symmetric` runs `in_place`; `nccl`) |
 //! | `placement` | `virtual` (all ranks on one GPU), `per_gpu`, or `processes` (`--launcher processes`) |
 //! | `world` | ranks in this row (NCCL on one GPU runs with world 1) |
 //! | `blocks` | blocks per rank of the library's grid (empty for NCCL) |
@@ -33,7 +34,7 @@
 //! | `vs_nccl` | `time_us` / NCCL's `time_us` at the same dtype, mode and size (below 1: faster than NCCL); empty where NCCL did not run |
 //!
 //! results.json holds `{"meta": {...}, "rows": [...]}`; `meta` has the devices, placement,
-//! NCCL status, the 1 GiB D2D copy bandwidth, the empty-kernel graph replay floor, notes and
+//! the estimated duration, NCCL status, the 1 GiB D2D copy bandwidth, the empty-kernel graph replay floor, notes and
 //! failures.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -68,7 +69,13 @@ enum Stop {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = match Args::parse().resolve() {
+        Ok(args) => args,
+        Err(msg) => {
+            eprintln!("symm-bench: {msg}");
+            return ExitCode::from(2);
+        }
+    };
     match run(&args) {
         Ok(code) => code,
         Err(Stop::NoGpu(e)) => {
@@ -159,7 +166,7 @@ fn run(args: &Args) -> Result<ExitCode, Stop> {
     let dropped = plan.cap_sizes(bench::max_fitting_size(free, ranks_per_device));
     if !dropped.is_empty() {
         meta.notes.push(format!(
-            "sizes {} skipped: {ranks_per_device} rank(s) × (2×capacity + input + output) do not fit in {} MiB free",
+            "sizes {} skipped: {ranks_per_device} rank(s) × (3×capacity + input + output) do not fit in {} MiB free",
             dropped.iter().map(|&s| format_size(s)).collect::<Vec<_>>().join(","),
             free >> 20
         ));
@@ -173,6 +180,8 @@ fn run(args: &Args) -> Result<ExitCode, Stop> {
             format_size(ONE_SHOT_SWEEP_MAX)
         ));
     }
+
+    meta.estimated_duration_s = Some(plan.estimate(args.world).as_secs_f64());
 
     let with_nccl = plan.algos.contains(&AlgoChoice::Nccl);
     let mut bench = Bench::new(ctxs, placement, plan.config(capacity), with_nccl)
@@ -294,6 +303,12 @@ fn finish(
 fn header(meta: &Meta, title: &str) -> String {
     let mut s = format!("# symm-bench: {title}\n");
     s += &format!("# capacity {} per rank\n", format_size(meta.capacity_bytes));
+    if let Some(secs) = meta.estimated_duration_s {
+        s += &format!(
+            "# estimated duration: {} (an estimate: rounds × a per-call time model, see --help)\n",
+            report::format_duration(secs)
+        );
+    }
     s += &format!("# {}\n", meta.nccl);
     if let Some(gbs) = meta.d2d_copy_gbs {
         s += &format!("# D2D copy, 1 GiB, (read + write) / time: {gbs:.1} GB/s\n");

@@ -562,7 +562,7 @@ fn rank_main(args: &Args, env: &ChildEnv) -> Result<ExitCode, Stop> {
         let dropped = plan.cap_sizes(bench::max_fitting_size(free, per_device));
         if !dropped.is_empty() {
             meta.notes.push(format!(
-                "sizes {} skipped: {per_device} rank(s) × (2×capacity + input + output) do not fit in {} MiB free",
+                "sizes {} skipped: {per_device} rank(s) × (3×capacity + input + output) do not fit in {} MiB free",
                 dropped.iter().map(|&s| format_size(s)).collect::<Vec<_>>().join(","),
                 free >> 20
             ));
@@ -579,6 +579,7 @@ fn rank_main(args: &Args, env: &ChildEnv) -> Result<ExitCode, Stop> {
             ));
         }
         meta.capacity_bytes = capacity;
+        meta.estimated_duration_s = Some(plan.estimate(world).as_secs_f64());
         let config = Config {
             capacity_bytes: capacity,
             timeout: if world > devices {
@@ -743,6 +744,7 @@ impl RankBench {
             std::slice::from_ref(stream),
             Mode::GraphIsolated,
             200,
+            2,
             &mut round,
         )?;
         let all = gather(&self.store, &RankTiming::of(&m, None))?;
@@ -869,14 +871,21 @@ impl RankBench {
                 }
                 Ok(())
             };
-            let m = measure(timer, streams, mode, rounds, &mut real)?;
+            let m = measure(timer, streams, mode, rounds, plan.warmup(mode), &mut real)?;
             let e = if nccl {
                 None
             } else {
                 barrier(store)?;
                 let mut empty =
                     || -> Result<(), BenchError> { Ok(comm.launch_empty(len, dtype, stream, algorithm)?) };
-                Some(measure(timer, streams, mode, rounds, &mut empty)?)
+                Some(measure(
+                    timer,
+                    streams,
+                    mode,
+                    rounds,
+                    plan.warmup(mode),
+                    &mut empty,
+                )?)
             };
             comm.synchronize(stream)?;
             let all = gather(store, &RankTiming::of(&m, e.as_ref()))?;

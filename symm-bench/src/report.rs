@@ -82,33 +82,25 @@ impl Row {
         }
     }
 
-    /// One CSV line (no newline), fields in `CSV_HEADER` order.
-    pub fn csv(&self) -> String {
-        let opt = |v: Option<f64>| v.map(|x| format!("{x:.4}")).unwrap_or_default();
-        [
-            self.dtype.clone(),
-            self.mode.name().to_string(),
-            self.algo.clone(),
-            self.kernel.clone(),
-            self.placement.clone(),
-            self.world.to_string(),
-            self.blocks.map(|b| b.to_string()).unwrap_or_default(),
-            self.size_bytes.to_string(),
-            self.count.to_string(),
-            format!("{:.4}", self.time_us),
-            format!("{:.4}", self.p10_us),
-            format!("{:.4}", self.p90_us),
-            self.samples.to_string(),
-            opt(self.empty_us),
-            opt(self.over_empty_us),
-            format!("{:.4}", self.host_us),
-            opt(self.empty_host_us),
-            format!("{:.4}", self.algbw_gbs),
-            format!("{:.4}", self.busbw_gbs),
-            format!("{:.4}", self.hbm_gbs),
-            opt(self.vs_nccl),
-        ]
-        .join(",")
+    /// The row as written to results.csv: every measured and derived float rounded to
+    /// 4 decimals (the JSON keeps full precision).
+    fn for_csv(&self) -> Row {
+        let r4 = |x: f64| (x * 1e4).round() / 1e4;
+        let o4 = |x: Option<f64>| x.map(r4);
+        Row {
+            time_us: r4(self.time_us),
+            p10_us: r4(self.p10_us),
+            p90_us: r4(self.p90_us),
+            empty_us: o4(self.empty_us),
+            over_empty_us: o4(self.over_empty_us),
+            host_us: r4(self.host_us),
+            empty_host_us: o4(self.empty_host_us),
+            algbw_gbs: r4(self.algbw_gbs),
+            busbw_gbs: r4(self.busbw_gbs),
+            hbm_gbs: r4(self.hbm_gbs),
+            vs_nccl: o4(self.vs_nccl),
+            ..self.clone()
+        }
     }
 }
 
@@ -128,15 +120,30 @@ pub fn fill_nccl_ratios(rows: &mut [Row]) {
     }
 }
 
-/// The whole CSV file.
-pub fn csv(rows: &[Row]) -> String {
-    let mut s = String::from(CSV_HEADER);
-    s.push('\n');
-    for r in rows {
-        s.push_str(&r.csv());
-        s.push('\n');
+/// The whole CSV file: the header (the `Row` field names, [`CSV_HEADER`]) and one record per
+/// row, written by the `csv` crate (quoting, if a field ever needs it, included).
+pub fn csv(rows: &[Row]) -> io::Result<String> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    if rows.is_empty() {
+        w.write_record(CSV_HEADER.split(','))?;
     }
-    s
+    for r in rows {
+        w.serialize(r.for_csv())?;
+    }
+    let bytes = w.into_inner().map_err(|e| io::Error::other(e.to_string()))?;
+    String::from_utf8(bytes).map_err(io::Error::other)
+}
+
+/// `75.0` -> `about 1 min 15 s`, `12.3` -> `about 12 s`.
+pub fn format_duration(secs: f64) -> String {
+    let s = secs.round().max(1.0) as u64;
+    if s < 60 {
+        format!("about {s} s")
+    } else if s < 3600 {
+        format!("about {} min {} s", s / 60, s % 60)
+    } else {
+        format!("about {} h {} min", s / 3600, (s % 3600) / 60)
+    }
 }
 
 /// Run-wide facts stored beside the rows in results.json.
@@ -147,6 +154,8 @@ pub struct Meta {
     pub placement: String,
     pub world: usize,
     pub capacity_bytes: usize,
+    /// The rough duration model's estimate for the whole run, seconds.
+    pub estimated_duration_s: Option<f64>,
     pub nccl: String,
     /// cuMemcpyDtoDAsync of 1 GiB, (read + write bytes) / median time, GB/s.
     pub d2d_copy_gbs: Option<f64>,
@@ -168,7 +177,7 @@ struct Results<'a> {
 /// Writes results.csv and results.json into `dir`.
 pub fn write_files(dir: &Path, meta: &Meta, rows: &[Row]) -> io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    std::fs::write(dir.join("results.csv"), csv(rows))?;
+    std::fs::write(dir.join("results.csv"), csv(rows)?)?;
     let json = serde_json::to_string_pretty(&Results { meta, rows }).map_err(io::Error::other)?;
     std::fs::write(dir.join("results.json"), json + "\n")
 }
@@ -326,18 +335,31 @@ pub(crate) mod tests {
     #[test]
     fn csv_rows_match_the_header() {
         let r = row("auto", Mode::GraphAmortised, 8192, 6.25);
-        assert_eq!(
-            r.csv(),
-            "bf16,graph_amortised,auto,one_shot,virtual,8,2,8192,4096,6.2500,5.6250,6.8750,200,3.0000,\
-             3.2500,2.5000,,1.3107,2.2938,20.9715,"
-        );
-        assert_eq!(r.csv().split(',').count(), CSV_HEADER.split(',').count());
         let n = row("nccl", Mode::Eager, 8192, 20.0);
-        assert_eq!(n.csv().split(',').count(), CSV_HEADER.split(',').count());
-        assert!(n.csv().contains(",nccl,nccl,virtual,1,,8192,"));
-        let file = csv(&[r, n]);
-        assert_eq!(file.lines().count(), 3);
-        assert!(file.starts_with("dtype,mode,"));
+        let file = csv(&[r.clone(), n]).unwrap();
+        let lines: Vec<&str> = file.lines().collect();
+        assert_eq!(lines.len(), 3);
+        // The header is exactly the documented column list, in order.
+        assert_eq!(lines[0], CSV_HEADER);
+        assert_eq!(
+            lines[1],
+            "bf16,graph_amortised,auto,one_shot,virtual,8,2,8192,4096,6.25,5.625,6.875,200,3.0,\
+             3.25,2.5,,1.3107,2.2938,20.9715,"
+        );
+        assert!(lines[2].contains(",nccl,nccl,virtual,1,,8192,"), "{}", lines[2]);
+        for l in &lines {
+            assert_eq!(l.split(',').count(), CSV_HEADER.split(',').count(), "{l}");
+        }
+        // Read back by the same crate: the values survive (to 4 decimals).
+        let mut rd = ::csv::Reader::from_reader(file.as_bytes());
+        let back: Vec<Row> = rd.deserialize().collect::<Result<_, _>>().unwrap();
+        assert_eq!(back.len(), 2);
+        assert_eq!(back[0].mode, Mode::GraphAmortised);
+        assert_eq!(back[0].time_us, 6.25);
+        assert_eq!(back[0].vs_nccl, None);
+        assert_eq!(back[1].blocks, None);
+        // No rows: still the header.
+        assert_eq!(csv(&[]).unwrap(), format!("{CSV_HEADER}\n"));
     }
 
     #[test]

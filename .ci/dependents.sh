@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The crate as a dependency of someone else's project (issue 16): `cargo check` of throwaway
+# projects made in a temporary directory, so that cudarc's CUDA-version features are known to
+# unify with the ways embedders select them.
+#
+#   (a) beside cudarc with `cuda-version-from-build-system` (what candle, mistral.rs and
+#       candle-vllm select), with this crate's defaults;
+#   (b) beside cudarc with an explicit `cuda-12040`, this crate with `default-features = false,
+#       features = ["cuda-12040"]`;
+#   (c) symm-bench from this workspace with `--no-default-features --features cuda-12040`.
+#
+# Type-checking only: SYMM_ALLREDUCE_NO_KERNELS=1 tells build.rs not to run nvcc (the kernels
+# are compiled and checked by the rest of .ci/run). The throwaway projects share one
+# CARGO_TARGET_DIR under the temporary directory and start from this workspace's Cargo.lock.
+#
+#   bash .ci/dependents.sh           (from anywhere; needs crates.io or a warm cargo cache)
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/symm-dependents.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+export CARGO_TARGET_DIR="$tmp/target"
+export SYMM_ALLREDUCE_NO_KERNELS=1
+unset SYMM_ALLREDUCE_REQUIRE_KERNELS
+
+# A throwaway binary project: $1 = directory name, $2 = its [dependencies] lines.
+make_project() {
+    local dir="$tmp/$1"
+    mkdir -p "$dir/src"
+    cat > "$dir/Cargo.toml" <<EOF
+[package]
+name = "$1"
+version = "0.0.0"
+edition = "2021"
+publish = false
+
+[dependencies]
+$2
+
+# Not part of any enclosing workspace.
+[workspace]
+EOF
+    cat > "$dir/src/main.rs" <<'EOF'
+// Uses the crate and its cudarc together, as an engine would: the types must be the same.
+fn main() {
+    let _cfg = symm_allreduce::Config::default();
+    let ctx: Result<std::sync::Arc<cudarc::driver::CudaContext>, symm_allreduce::Error> =
+        symm_allreduce::context(0);
+    if let Err(e) = ctx {
+        eprintln!("{e}");
+    }
+}
+EOF
+    cp "$repo/Cargo.lock" "$dir/Cargo.lock"
+    echo "$dir"
+}
+
+step() {
+    local name=$1
+    shift
+    local start=$SECONDS
+    echo "--- dependents ($name): $*"
+    "$@"
+    echo "--- dependents ($name): ok in $((SECONDS - start)) s"
+}
+
+# (a) beside candle / mistral.rs: cudarc's features exactly as candle-core selects them.
+a=$(make_project dep-from-build-system "\
+cudarc = { version = \"0.19\", default-features = false, features = [\"std\", \"cublas\", \"cublaslt\", \"curand\", \"driver\", \"nvrtc\", \"f16\", \"cuda-version-from-build-system\", \"dynamic-linking\"] }
+symm-allreduce = { path = \"$repo\" }")
+step a cargo check --quiet --manifest-path "$a/Cargo.toml"
+
+# (b) beside an explicit CUDA version, this crate's defaults off.
+b=$(make_project dep-cuda-12040 "\
+cudarc = { version = \"0.19\", default-features = false, features = [\"std\", \"driver\", \"nvrtc\", \"nccl\", \"f16\", \"fallback-dynamic-loading\", \"cuda-12040\"] }
+symm-allreduce = { path = \"$repo\", default-features = false, features = [\"cuda-12040\"] }")
+step b cargo check --quiet --manifest-path "$b/Cargo.toml"
+
+# (c) symm-bench with another version, from the workspace (its own lock file, shared target).
+step c cargo check --quiet --manifest-path "$repo/Cargo.toml" -p symm-bench --no-default-features \
+    --features cuda-12040
+
+echo "dependents: all three setups check"
