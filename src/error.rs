@@ -335,7 +335,7 @@ mod tests {
     /// Number of `Error` variants; `variant` below matches them exhaustively, so a new
     /// variant does not compile until it gets an index here, and the test fails until
     /// `every_error` constructs it.
-    const VARIANTS: usize = 23;
+    const VARIANTS: usize = 24;
 
     /// A stable index per variant and the text its message must contain to say what to do
     /// (`None` where the message carries the cause only).
@@ -364,6 +364,7 @@ mod tests {
             Error::MissingSecret { .. } => (20, Some("StoreAddress::unique")),
             Error::PeerRefused { .. } => (21, None),
             Error::Bootstrap { .. } => (22, None),
+            Error::Diverged { .. } => (23, Some("every rank must make the same calls")),
         }
     }
 
@@ -442,6 +443,12 @@ mod tests {
             },
             Error::Bootstrap {
                 reason: "bind @job-1: address in use".into(),
+            },
+            Error::Diverged {
+                rank: 0,
+                peer: 2,
+                this_call: "one_shot of 1000 f32 elements".into(),
+                peer_call: "one_shot of 1001 f32 elements".into(),
             },
         ]
     }

@@ -433,14 +433,28 @@ impl Bench {
                 }
                 Ok(())
             };
-            let m = measure(&mut self.timer, streams, mode, rounds, &mut sync)?;
+            let m = measure(
+                &mut self.timer,
+                streams,
+                mode,
+                rounds,
+                plan.warmup(mode),
+                &mut sync,
+            )?;
             let mut empty = || -> Result<(), BenchError> {
                 for (c, s) in comms.iter().zip(streams) {
                     c.launch_empty(len, dtype, s, Algorithm::OneShot)?;
                 }
                 Ok(())
             };
-            let e = measure(&mut self.timer, streams, mode, rounds, &mut empty)?;
+            let e = measure(
+                &mut self.timer,
+                streams,
+                mode,
+                rounds,
+                plan.warmup(mode),
+                &mut empty,
+            )?;
             for (c, s) in comms.iter().zip(streams) {
                 c.synchronize(s)?;
             }
