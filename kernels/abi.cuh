@@ -15,42 +15,68 @@ struct SymmArgs {
     // base + q * stride in every rank's address space (one contiguous reservation per rank).
     uint64_t base;
     uint64_t stride;
-    uint64_t signal_offset;  // signal pad: [phase][block][32 slots] of u32, one 128-byte row per block
+    uint64_t signal_offset;  // signal pad: [phase][block][16 slots] of u64, one 128-byte row per block
     uint64_t state_offset;   // this rank's CallState (only the owner touches it)
     uint64_t data_offset;    // two data buffers (parity 0 and 1) of data_bytes each, then the
     uint64_t data_bytes;     // user-visible symmetric buffer (data_bytes) at data_offset + 2*data_bytes
-    uint64_t ll_offset;      // low-latency slots: [parity 2][source rank world] of ll_slot_bytes
-    uint64_t ll_slot_bytes;  // 16-byte lines, each carrying 8 payload bytes and the epoch twice
-    uint64_t error;          // host-mapped u32: 0, or an error code written by a timed-out wait
+    uint64_t ll_offset;      // low-latency slots: [buffer 3][source rank world] of ll_slot_bytes
+    uint64_t ll_slot_bytes;  // 16-byte lines of 16 payload bytes; all-ones = not yet arrived
+    uint64_t error;          // host-mapped u32: 0, or the error code that stopped this rank
     uint64_t timeout_ns;     // bound on every wait
     uint32_t rank;
     uint32_t world;
+    // Divergence check (0: off): this call's shape, kind << 24 | dtype << 16 | algorithm << 8 | 1,
+    // and its length; exchanged with every peer before any data is touched.
+    uint64_t check_shape;
+    uint64_t check_len;
 };
 
-static_assert(sizeof(SymmArgs) == 88, "SymmArgs: ten u64 then two u32, as in src/kernels/abi.rs");
+static_assert(sizeof(SymmArgs) == 104, "SymmArgs: ten u64, two u32, two u64, as in src/kernels/abi.rs");
 static_assert(alignof(SymmArgs) == 8, "SymmArgs is 8-aligned");
 static_assert(offsetof(SymmArgs, ll_offset) == 48, "SymmArgs::ll_offset");
 static_assert(offsetof(SymmArgs, error) == 64, "SymmArgs::error");
 static_assert(offsetof(SymmArgs, timeout_ns) == 72, "SymmArgs::timeout_ns");
 static_assert(offsetof(SymmArgs, rank) == 80, "SymmArgs::rank");
 static_assert(offsetof(SymmArgs, world) == 84, "SymmArgs::world");
+static_assert(offsetof(SymmArgs, check_shape) == 88, "SymmArgs::check_shape");
+static_assert(offsetof(SymmArgs, check_len) == 96, "SymmArgs::check_len");
 
 constexpr uint32_t MAX_RANKS = 8;
 constexpr uint32_t MAX_BLOCKS = 64;
-constexpr uint32_t SLOTS_PER_ROW = 32;
+constexpr uint32_t SLOTS_PER_ROW = 16;
+constexpr uint32_t SIGNAL_PHASES = 3;
+constexpr uint32_t LL_BUFFERS = 3;
 constexpr uint32_t THREADS = 512;
 
-// Error word layout (decoded by src/kernels/abi.rs): kind | phase << 8 | peer << 16.
+// Error word layout (decoded by src/kernels/abi.rs): kind | phase << 8 | peer << 16 | origin << 24,
+// `origin` being the rank whose wait timed out (another rank's when the timeout was pushed).
 constexpr uint32_t ERROR_PEER_TIMEOUT = 1;
+// A peer's call differs from this rank's (divergence check): the error word is followed by
+// {this rank's shape, length, the peer's shape, length} (four u64 at byte 8).
+constexpr uint32_t ERROR_DIVERGED = 2;
+// The divergence check's slots: [epoch parity 2][block MAX_BLOCKS][source rank MAX_RANKS] of
+// CheckSlot, at this offset of every rank's allocation (src/symmetric/mod.rs CHECK_OFFSET).
+constexpr uint64_t CHECK_OFFSET = 65536;
 
 // Barrier phases, as reported in the error word (src/error.rs BarrierPhase).
-enum Phase : uint32_t { PHASE_START = 0, PHASE_MIDDLE = 1, PHASE_END = 2, PHASE_ARRIVAL = 3 };
+enum Phase : uint32_t { PHASE_START = 0, PHASE_MIDDLE = 1, PHASE_END = 2, PHASE_ARRIVAL = 3, PHASE_CHECK = 4 };
+
+// One peer's call as it announced it to this rank for the divergence check.
+struct CheckSlot {
+    uint64_t epoch;  // written last, with release
+    uint64_t shape;
+    uint64_t len;
+    uint64_t pad;
+};
+static_assert(sizeof(CheckSlot) == 32, "CheckSlot is 32 bytes");
 
 // Call bookkeeping in device memory, advanced by the kernels themselves: no host state per
-// call, so a captured graph replays correctly any number of times.
+// call, so a captured graph replays correctly any number of times. Zeroed at setup.
 struct CallState {
-    uint32_t calls;     // completed calls; the running call's epoch is calls + 1
-    uint32_t finished;  // blocks of the running call that have finished
+    uint64_t calls;    // completed calls; the running call's epoch is calls + 1 (64-bit: never wraps)
+    uint32_t arrived;  // blocks of the running call that have read the epoch
+    uint32_t poison;   // 0, or the error code of the timeout that stopped the group (pushed by any rank)
 };
+static_assert(sizeof(CallState) == 16, "CallState is read with one 16-byte load");
 
 }  // namespace symm

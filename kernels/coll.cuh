@@ -42,7 +42,7 @@ struct UnicastColl {
     }
 
     // Barrier between block blockIdx.x of every rank (false if a wait timed out).
-    __device__ __forceinline__ bool barrier(uint32_t phase, uint32_t epoch) const {
+    __device__ __forceinline__ bool barrier(uint32_t phase, uint64_t epoch) const {
         return block_barrier(a, phase, epoch);
     }
 };

@@ -39,12 +39,23 @@ struct Elem<__nv_bfloat16> {
     __device__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
 };
 
-// 8-byte payload of a low-latency line.
+// The low-latency protocol's "not yet arrived" sentinel is an all-ones word. An element whose
+// bits are all ones (a NaN in every dtype here) is sent as the NaN one below it, so no word
+// of real data is ever all ones; ±0, every number and every other NaN keep their bits. The
+// sum is a NaN either way (fp32 addition returns the canonical NaN), so every algorithm still
+// gives the same bits; a rank's own contribution is never rewritten.
 template <typename T>
-union Half {
-    uint2 bits;
-    T elems[8 / sizeof(T)];
-};
+__device__ __forceinline__ uint32_t wire_word(uint32_t w) {
+    if (sizeof(T) == 4) return w == 0xffffffffu ? 0xfffffffeu : w;
+    if ((w & 0xffffu) == 0xffffu) w ^= 0x1u;
+    if ((w >> 16) == 0xffffu) w ^= 0x10000u;
+    return w;
+}
+
+template <typename T>
+__device__ __forceinline__ uint4 wire_pack(uint4 v) {
+    return make_uint4(wire_word<T>(v.x), wire_word<T>(v.y), wire_word<T>(v.z), wire_word<T>(v.w));
+}
 
 template <typename T>
 union Pack {

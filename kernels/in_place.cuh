@@ -14,7 +14,8 @@ namespace symm {
 // the end barrier and written after it.
 template <typename Coll, typename T>
 __device__ __forceinline__ void in_place(uint64_t n, const SymmArgs& a) {
-    const uint32_t epoch = begin_call(a);
+    const uint64_t epoch = begin_call(a);
+    if (epoch == 0) return;
     const uint64_t packs = n / Elem<T>::PER_PACK;
     const uint64_t slice = (packs + a.world - 1) / a.world;
     const PackLoop loop;
@@ -32,6 +33,7 @@ __device__ __forceinline__ void in_place(uint64_t n, const SymmArgs& a) {
         if (has_tail) tail = coll.template load_reduce_element<T>(tail_index);
         ok = coll.barrier(PHASE_END, epoch);
     }
+    if (ok) pdl_launch_dependents();
     if (ok && has_tail) reinterpret_cast<T*>(symmetric_buffer(a, a.rank))[tail_index] = Elem<T>::from_float(tail);
     end_call(a, epoch);
 }

@@ -1,4 +1,4 @@
-// Low-latency one-shot: no barrier, the data carries the synchronisation.
+// Low-latency one-shot (Lamport style): no barrier, the data carries the synchronisation.
 #pragma once
 
 #include "elements.cuh"
@@ -7,107 +7,116 @@
 
 namespace symm {
 
-// Line `l` (8 bytes) of the input, zero-padded past element n.
+constexpr uint64_t LL_NOT_ARRIVED = ~0ull;
+
+// Line `l` (16 bytes, one pack) of the input, zero-padded past element n.
 template <typename T>
-__device__ __forceinline__ Half<T> load_line(const T* in, uint64_t n, uint64_t l) {
-    constexpr uint32_t PER_LINE = 8 / sizeof(T);
-    Half<T> h;
-    if ((l + 1) * PER_LINE <= n) {
-        h.bits = reinterpret_cast<const uint2*>(in)[l];
-        return h;
-    }
-    // Tail: assemble the words from raw element bits (constant indices keep it in registers).
-    uint32_t w0 = 0, w1 = 0;
+__device__ __forceinline__ uint4 load_line(const T* in, uint64_t n, uint64_t l) {
+    constexpr uint32_t PER_LINE = Elem<T>::PER_PACK;
+    if ((l + 1) * PER_LINE <= n) return reinterpret_cast<const uint4*>(in)[l];
+    Pack<T> p;
+    p.bits = make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (uint32_t e = 0; e < PER_LINE; ++e) {
-        const uint64_t i = l * PER_LINE + e;
-        if (i < n) {
-            const uint32_t bits = sizeof(T) == 4 ? reinterpret_cast<const uint32_t*>(in)[i]
-                                                 : reinterpret_cast<const uint16_t*>(in)[i];
-            const uint32_t shift = (e * sizeof(T) % 4) * 8;
-            if (e * sizeof(T) < 4) w0 |= bits << shift; else w1 |= bits << shift;
-        }
+        if (l * PER_LINE + e < n) p.elems[e] = in[l * PER_LINE + e];
     }
-    h.bits = make_uint2(w0, w1);
-    return h;
+    return p.bits;
+}
+
+__device__ __forceinline__ ulonglong2 as_words(uint4 v) {
+    return make_ulonglong2(static_cast<uint64_t>(v.y) << 32 | v.x, static_cast<uint64_t>(v.w) << 32 | v.z);
+}
+
+__device__ __forceinline__ uint4 as_pack(ulonglong2 w) {
+    return make_uint4(static_cast<uint32_t>(w.x), static_cast<uint32_t>(w.x >> 32), static_cast<uint32_t>(w.y),
+                      static_cast<uint32_t>(w.y >> 32));
 }
 
 // Low-latency one-shot for small messages: no barrier at all. Every rank pushes its input as
-// 16-byte lines {d0, epoch, d1, epoch} into a slot of every rank's buffer (its own included),
-// then polls its own slots until every line of every source carries this call's epoch, and
-// sums in rank order. The arrival of the data is the synchronisation. Slots alternate by epoch
-// parity: a rank refills slot p two calls later, and it cannot start that call before every
-// peer sent it data for the call in between, which each peer does only after it finished
-// reading slot p. One thread handles one 8-byte line.
+// 16-byte lines into its slot of every peer's buffer `epoch % 3`; each rank polls its slots
+// until no word of a line reads as the all-ones sentinel, sums in rank order (its own
+// contribution straight from its input), and re-arms the lines it consumed to the sentinel.
+//
+// Why three buffers suffice, with no clearing pass and no epoch in the lines: a rank is at
+// most one call ahead of any peer (a call cannot complete without every peer's data for it),
+// so while rank r runs call k its peers write only buffers k % 3 and (k + 1) % 3 of r; buffer
+// k % 3 is written next in call k + 3, which no peer can start before r has finished call
+// k + 2 — and r re-armed its lines of buffer k % 3 before its call k ended. Setup fills the
+// whole region with the sentinel. One thread handles one 16-byte line per step.
 template <typename T>
 __device__ __forceinline__ void one_shot_ll(const T* in, T* out, uint64_t n, const SymmArgs& a) {
-    constexpr uint32_t PER_LINE = 8 / sizeof(T);
+    constexpr uint32_t PER_LINE = Elem<T>::PER_PACK;
+    const uint64_t epoch = begin_call(a);
+    if (epoch == 0) return;
     const uint64_t lines = (n + PER_LINE - 1) / PER_LINE;
     const uint64_t first = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-    // Input load of the first line before reading the epoch: the two latencies overlap.
-    const Half<T> first_line = load_line(in, n, first);
-    const uint32_t epoch = begin_call(a);
-    const uint32_t parity = epoch & 1;
+    const uint32_t buffer = static_cast<uint32_t>(epoch % LL_BUFFERS);
 
+    // The first line stays in registers as this rank's own contribution.
+    const uint4 own_first = first < lines ? load_line(in, n, first) : make_uint4(0, 0, 0, 0);
     for (uint64_t l = first; l < lines; l += step) {
-        const Half<T> h = l == first ? first_line : load_line(in, n, l);
+        const ulonglong2 w = as_words(wire_pack<T>(l == first ? own_first : load_line(in, n, l)));
 #pragma unroll
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-            if (q < a.world) st_line_sys(ll_line(a, q, parity, a.rank, l), h.bits.x, h.bits.y, epoch);
+            if (q < a.world && q != a.rank) st_line_sys(ll_line(a, q, buffer, a.rank, l), w);
         }
     }
 
     bool ok = true;
     for (uint64_t l = first; ok && l < lines; l += step) {
         uint4 v[MAX_RANKS];
-        uint32_t pending = (1u << a.world) - 1;
-        uint64_t deadline = 0;
+        uint32_t pending = ((1u << a.world) - 1) & ~(1u << a.rank);
+        Deadline d;
         while (pending != 0) {
 #pragma unroll
             for (uint32_t q = 0; q < MAX_RANKS; ++q) {
                 if (pending & (1u << q)) {
-                    v[q] = ld_line_sys(ll_line(a, a.rank, parity, q, l));
-                    if (v[q].y == epoch && v[q].w == epoch) pending &= ~(1u << q);
+                    const ulonglong2 w = ld_line_sys(ll_line(a, a.rank, buffer, q, l));
+                    if (w.x != LL_NOT_ARRIVED && w.y != LL_NOT_ARRIVED) {
+                        v[q] = as_pack(w);
+                        pending &= ~(1u << q);
+                    }
                 }
             }
-            if (pending != 0) {
-                const uint64_t now = global_timer_ns();
-                if (deadline == 0) {
-                    deadline = now + a.timeout_ns;
-                } else if (now > deadline) {
-                    report_timeout(a, PHASE_ARRIVAL, __ffs(pending) - 1);
-                    ok = false;
-                    break;
-                }
+            if (pending != 0 && !d.keep_waiting(a, PHASE_ARRIVAL, __ffs(pending) - 1)) {
+                ok = false;
+                break;
             }
         }
         if (!ok) break;
+        const uint4 own = l == first ? own_first : load_line(in, n, l);
         float acc[PER_LINE];
 #pragma unroll
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
             if (q < a.world) {
-                Half<T> h;
-                h.bits = make_uint2(v[q].x, v[q].z);
-#pragma unroll
-                for (uint32_t e = 0; e < PER_LINE; ++e) {
-                    const float x = Elem<T>::to_float(h.elems[e]);
-                    acc[e] = q == 0 ? x : acc[e] + x;
+                const uint4 x = q == a.rank ? own : v[q];
+                if (q == 0) {
+                    pack_to_float<T>(x, acc);
+                } else {
+                    add_pack<T>(x, acc);
                 }
             }
         }
-        Half<T> r;
-#pragma unroll
-        for (uint32_t e = 0; e < PER_LINE; ++e) r.elems[e] = Elem<T>::from_float(acc[e]);
+        Pack<T> r;
+        r.bits = float_to_pack<T>(acc);
         if ((l + 1) * PER_LINE <= n) {
-            reinterpret_cast<uint2*>(out)[l] = r.bits;
+            reinterpret_cast<uint4*>(out)[l] = r.bits;
         } else {
 #pragma unroll
             for (uint32_t e = 0; e < PER_LINE; ++e) {
                 if (l * PER_LINE + e < n) out[l * PER_LINE + e] = r.elems[e];
             }
         }
+        // Re-arm what this thread consumed.
+#pragma unroll
+        for (uint32_t q = 0; q < MAX_RANKS; ++q) {
+            if (q < a.world && q != a.rank)
+                st_line_sys(ll_line(a, a.rank, buffer, q, l), make_ulonglong2(LL_NOT_ARRIVED, LL_NOT_ARRIVED));
+        }
     }
+    // Every peer's data for this call has arrived: the next kernel may start launching.
+    pdl_launch_dependents();
     end_call(a, epoch);
 }
 

@@ -1,5 +1,5 @@
-// Memory-order primitives: every access that crosses ranks, with its scope spelled out, and
-// the global timer that bounds every wait.
+// Memory-order primitives: every access that crosses ranks, with its scope spelled out, the
+// global timer that bounds every wait, and Programmatic Dependent Launch.
 #pragma once
 
 #include <stdint.h>
@@ -12,34 +12,53 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
     return t;
 }
 
-// Cross-rank flags: release/acquire at system scope. Peers are other GPUs (or, for
-// virtual ranks, other grids through another mapping); .gpu scope would not order
-// the data a peer reads over NVLink.
-__device__ __forceinline__ void st_release_sys(uint32_t* p, uint32_t v) {
-    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+// Cross-rank flags: 64-bit epochs (they never wrap), released and observed at system scope.
+// Peers are other GPUs (or, for virtual ranks, other grids through another mapping); .gpu
+// scope would not order the data a peer reads over NVLink.
+__device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-__device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t* p) {
-    uint32_t v;
-    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+// Polled with relaxed loads; the waiter issues one acquire fence after its loop
+// (`fence_acquire_sys`), which with the peer's release store makes the peer's data visible.
+__device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t* p) {
+    uint64_t v;
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
 }
 
-// Low-latency lines {d0, epoch, d1, epoch}: written with one 16-byte relaxed store at system
-// scope, polled with one 16-byte relaxed load. Each 8-byte half carries its own copy of the
-// epoch, so even a store split into halves is never mistaken for a complete line.
-__device__ __forceinline__ void st_line_sys(uint4* p, uint32_t d0, uint32_t d1, uint32_t epoch) {
-    asm volatile("st.relaxed.sys.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(d0), "r"(epoch), "r"(d1),
-                 "r"(epoch)
-                 : "memory");
+__device__ __forceinline__ void fence_acquire_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+
+// The poison word: written by a rank whose wait timed out into its own and every peer's
+// call state, polled by every wait.
+__device__ __forceinline__ void st_relaxed_sys_u32(uint32_t* p, uint32_t v) {
+    asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-__device__ __forceinline__ uint4 ld_line_sys(const uint4* p) {
-    uint4 v;
-    asm volatile("ld.relaxed.sys.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p)
-                 : "memory");
+__device__ __forceinline__ uint32_t ld_relaxed_sys_u32(const uint32_t* p) {
+    uint32_t v;
+    asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// The call state {calls, arrived | poison << 32} in one 16-byte load.
+__device__ __forceinline__ ulonglong2 ld_state_sys(const void* p) {
+    ulonglong2 v;
+    asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(v.x), "=l"(v.y) : "l"(p) : "memory");
+    return v;
+}
+
+// Low-latency lines: 16 payload bytes written as two 64-bit words with one relaxed
+// system-scope store, polled with one relaxed load. Each 64-bit access is single-copy atomic;
+// a word reads as all ones (the "not yet arrived" sentinel) until the peer's store of that
+// word lands, so a line split into its two words is never mistaken for a complete one.
+__device__ __forceinline__ void st_line_sys(ulonglong2* p, ulonglong2 v) {
+    asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(v.x), "l"(v.y) : "memory");
+}
+
+__device__ __forceinline__ ulonglong2 ld_line_sys(const ulonglong2* p) {
+    ulonglong2 v;
+    asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(v.x), "=l"(v.y) : "l"(p) : "memory");
     return v;
 }
 
@@ -52,5 +71,22 @@ __device__ __forceinline__ uint32_t atom_add_acq_rel_gpu(uint32_t* p, uint32_t v
 
 // Peer data is read at L2 (.cg): never from an L1 line filled before the peer wrote it.
 __device__ __forceinline__ uint4 load_peer_pack(const uint4* p) { return __ldcg(p); }
+
+// Programmatic Dependent Launch (sm_90+; no-ops on older parts and when the kernel was not
+// launched with programmatic stream serialization). `wait`: block until the previous kernel
+// on the stream has completed and its memory is visible — every kernel calls it before it
+// touches its input, its output or the workspace. `launch_dependents`: let the next kernel
+// start its launch (it still waits in its own `wait` for this one to finish).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 
 }  // namespace symm

@@ -28,6 +28,24 @@ __device__ __forceinline__ uint4 sum_ranks(const SymmArgs& a, const char* rank0,
     return float_to_pack<T>(acc);
 }
 
+// `sum_ranks` with this rank's own part read from `own` (its input) instead of its data buffer.
+template <typename T>
+__device__ __forceinline__ uint4 sum_ranks_own(const SymmArgs& a, const char* rank0, uint64_t pack, const uint4* own) {
+    const char* p = rank0 + pack * sizeof(uint4);
+    uint4 v[MAX_RANKS];
+#pragma unroll
+    for (uint32_t q = 0; q < MAX_RANKS; ++q) {
+        if (q < a.world) v[q] = q == a.rank ? own[pack] : load_peer_pack(reinterpret_cast<const uint4*>(p + q * a.stride));
+    }
+    float acc[Elem<T>::PER_PACK];
+    pack_to_float<T>(v[0], acc);
+#pragma unroll
+    for (uint32_t q = 1; q < MAX_RANKS; ++q) {
+        if (q < a.world) add_pack<T>(v[q], acc);
+    }
+    return float_to_pack<T>(acc);
+}
+
 // The n % PER_PACK trailing elements: block 0 copies them in before the start barrier and
 // sums them (scalar, same order) after it.
 template <typename T>

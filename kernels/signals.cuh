@@ -1,82 +1,108 @@
-// The signal protocol: per-call epochs kept in device memory and per-block barriers over
-// the signal pads, every wait bounded by %globaltimer.
+// The signal protocol (v2): per-call 64-bit epochs kept in device memory, per-block barriers
+// over the signal pads, every wait bounded by %globaltimer, and a poison word that stops the
+// whole group once any rank's wait timed out. docs/design.md states the invariants.
 //
 // Why it is safe to reuse buffers with only these barriers:
 //  * Each call writes the data buffer of parity (epoch & 1). A rank rewrites a buffer two
 //    calls later; by then every peer has passed the start barrier of the call in between,
 //    and a peer only signals that barrier after its previous kernel (which read the buffer)
 //    has completed. So no end barrier is needed, even when the grid size changes.
+//    With Programmatic Dependent Launch nothing changes: a kernel's `pdl_wait` (in
+//    `begin_call`) returns only once the previous kernel on the stream has completed and
+//    flushed its memory, and nothing before it touches memory.
 //  * Blocks synchronise only with the same-index block of every peer, so block b must read
 //    exactly the elements that block b of each peer wrote before the barrier. Every kernel
 //    therefore uses one index pattern (`PackLoop`) for its copy-in, reduce and gather.
-//  * Slots are written with monotonically increasing epochs and compared wrap-safely, so
-//    a fast peer that is already one barrier ahead never breaks a waiter.
+//  * Slots hold 64-bit epochs that only grow and are compared with `>=`: a slot last written
+//    any number of calls ago holds a smaller epoch and never passes a wait; a fast peer that
+//    is already one barrier ahead never breaks a waiter. Epochs start at 1 and every slot is
+//    zeroed at setup, so nothing a previous communicator left can pass.
 #pragma once
 
-#include "memory.cuh"
-#include "workspace.cuh"
+#include "check.cuh"
 
 namespace symm {
 
-__device__ __forceinline__ uint32_t* signal_slot(const SymmArgs& a, uint32_t owner, uint32_t phase,
+__device__ __forceinline__ uint64_t* signal_slot(const SymmArgs& a, uint32_t owner, uint32_t phase,
                                                  uint32_t block, uint32_t from) {
-    uint32_t* pad = reinterpret_cast<uint32_t*>(rank_alloc(a, owner) + a.signal_offset);
+    uint64_t* pad = reinterpret_cast<uint64_t*>(rank_alloc(a, owner) + a.signal_offset);
     return pad + (phase * MAX_BLOCKS + block) * SLOTS_PER_ROW + from;
 }
 
-__device__ __forceinline__ void report_timeout(const SymmArgs& a, uint32_t phase, uint32_t peer) {
-    volatile uint32_t* err = reinterpret_cast<volatile uint32_t*>(a.error);
-    *err = ERROR_PEER_TIMEOUT | (phase << 8) | (peer << 16);
-    __threadfence_system();
-}
-
-// Epoch of the call this grid runs: one more than the calls completed so far.
-__device__ __forceinline__ uint32_t begin_call(const SymmArgs& a) {
-    __shared__ uint32_t epoch;
-    if (threadIdx.x == 0) epoch = *reinterpret_cast<volatile uint32_t*>(&call_state(a)->calls) + 1;
-    __syncthreads();
-    return epoch;
-}
-
-// The last block to finish publishes the epoch as completed for the next launch (a lone
-// block is last by definition and skips the atomic).
-__device__ __forceinline__ void end_call(const SymmArgs& a, uint32_t epoch) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        CallState* s = call_state(a);
-        if (gridDim.x == 1) {
-            *reinterpret_cast<volatile uint32_t*>(&s->calls) = epoch;
-        } else if (atom_add_acq_rel_gpu(&s->finished, 1) == gridDim.x - 1) {
-            *reinterpret_cast<volatile uint32_t*>(&s->finished) = 0;
-            *reinterpret_cast<volatile uint32_t*>(&s->calls) = epoch;
-        }
+// Epoch of the call this grid runs (one more than the calls completed so far), or 0 if the
+// group is poisoned: then the kernel returns without touching anything. Every thread reads
+// the call state itself (no block-wide broadcast); `pdl_wait` first, so the previous kernel
+// on the stream has completed; with the divergence check on, every peer's call is compared
+// first. Call it before touching any input, output or workspace.
+__device__ __forceinline__ uint64_t begin_call(const SymmArgs& a) {
+    pdl_wait();
+    const ulonglong2 s = ld_state_sys(call_state(a));
+    const uint32_t poison = static_cast<uint32_t>(s.y >> 32);
+    if (poison != 0) {
+        if (blockIdx.x == 0 && threadIdx.x == 0) note_error(a, poison);
+        return 0;
     }
+    if (a.check_shape != 0 && !check_call(a, s.x + 1)) return 0;
+    return s.x + 1;
+}
+
+// This block has read the epoch (the caller synchronised the block since): count it, and
+// the last block of the grid publishes the epoch as completed for the next launch. A lone
+// block is last by definition and skips the atomic. Nothing waits for the result, so a
+// kernel calls it off its critical path (in its first barrier) or at its end.
+__device__ __forceinline__ void arrive(const SymmArgs& a, uint64_t epoch) {
+    CallState* s = call_state(a);
+    if (gridDim.x == 1) {
+        *reinterpret_cast<volatile uint64_t*>(&s->calls) = epoch;
+    } else if (atom_add_acq_rel_gpu(&s->arrived, 1) == gridDim.x - 1) {
+        *reinterpret_cast<volatile uint32_t*>(&s->arrived) = 0;
+        *reinterpret_cast<volatile uint64_t*>(&s->calls) = epoch;
+    }
+}
+
+// The end of a kernel that has not arrived in a barrier (`block_barrier_arrive`).
+__device__ __forceinline__ void end_call(const SymmArgs& a, uint64_t epoch) {
+    if (epoch == 0) return;
+    __syncthreads();
+    if (threadIdx.x == 0) arrive(a, epoch);
 }
 
 // Barrier between block blockIdx.x of every rank. Thread t < world signals rank t and waits
 // for rank t. The __syncthreads before the release orders the whole block's writes before
-// it; the one after the acquire extends the peers' writes to the whole block.
-// Returns false (in every thread of the block) if a wait timed out.
-__device__ __forceinline__ bool block_barrier(const SymmArgs& a, uint32_t phase, uint32_t epoch) {
+// it; the acquire fence after the wait and the __syncthreads after it extend the peers'
+// writes to the whole block. Returns false (in every thread of the block) if a wait timed out,
+// the group is poisoned, or `epoch` is 0 (a poisoned call). With `arrives`, thread 32 (a warp
+// that does not signal) also counts the block's arrival, off the critical path.
+__device__ __forceinline__ bool block_barrier_impl(const SymmArgs& a, uint32_t phase, uint64_t epoch,
+                                                   bool arrives) {
+    if (epoch == 0) return false;
     __syncthreads();
-    int timed_out = 0;
+    int failed = 0;
     const uint32_t t = threadIdx.x;
     if (t < a.world) {
         st_release_sys(signal_slot(a, t, phase, blockIdx.x, a.rank), epoch);
-        const uint32_t* mine = signal_slot(a, a.rank, phase, blockIdx.x, t);
-        uint64_t deadline = 0;
-        while (static_cast<int32_t>(ld_acquire_sys(mine) - epoch) < 0) {
-            const uint64_t now = global_timer_ns();
-            if (deadline == 0) {
-                deadline = now + a.timeout_ns;
-            } else if (now > deadline) {
-                report_timeout(a, phase, t);
-                timed_out = 1;
+        const uint64_t* mine = signal_slot(a, a.rank, phase, blockIdx.x, t);
+        Deadline d;
+        while (ld_relaxed_sys(mine) < epoch) {
+            if (!d.keep_waiting(a, phase, t)) {
+                failed = 1;
                 break;
             }
         }
+        fence_acquire_sys();
+    } else if (arrives && t == 32) {
+        arrive(a, epoch);
     }
-    return __syncthreads_or(timed_out) == 0;
+    return __syncthreads_or(failed) == 0;
+}
+
+__device__ __forceinline__ bool block_barrier(const SymmArgs& a, uint32_t phase, uint64_t epoch) {
+    return block_barrier_impl(a, phase, epoch, false);
+}
+
+// The first barrier of a kernel that then ends without `end_call`.
+__device__ __forceinline__ bool block_barrier_arrive(const SymmArgs& a, uint32_t phase, uint64_t epoch) {
+    return block_barrier_impl(a, phase, epoch, true);
 }
 
 // The one index pattern every phase of a kernel walks: block-cyclic over 16-byte packs.

@@ -27,5 +27,25 @@ using symm::SymmArgs;
 SYMM_FOR_EACH_DTYPE(SYMM_KERNELS)
 
 // Same signature and launch geometry as the all-reduce kernels, no body: the benchmark's
-// floor for launch and graph-replay cost.
-extern "C" __global__ void __launch_bounds__(symm::THREADS) symm_empty(const void*, void*, uint64_t, SymmArgs) {}
+// floor for launch and graph-replay cost. Like every kernel launched with Programmatic
+// Dependent Launch it waits for its predecessor, so a chain of launches stays ordered.
+extern "C" __global__ void __launch_bounds__(symm::THREADS) symm_empty(const void*, void*, uint64_t, SymmArgs) {
+    symm::pdl_wait();
+}
+
+// The benchmark's sync floor: the same grid doing nothing but the protocol — the epoch read,
+// one all-to-all flag exchange per block (each rank stores its epoch to every peer and waits
+// for every peer's) and the call count. No kernel that synchronises ranks this way can be
+// faster; an all-reduce's own cost is what it spends above this.
+extern "C" __global__ void __launch_bounds__(symm::THREADS) symm_sync_floor(const void*, void*, uint64_t, SymmArgs a) {
+    symm::block_barrier_arrive(a, symm::PHASE_START, symm::begin_call(a));
+}
+
+// Test and benchmark helper: one thread spins for `ns` nanoseconds (a rank that is late).
+extern "C" __global__ void symm_spin(const void*, void*, uint64_t ns, SymmArgs) {
+    symm::pdl_wait();
+    if (threadIdx.x != 0) return;
+    const uint64_t until = symm::global_timer_ns() + ns;
+    while (symm::global_timer_ns() < until) {
+    }
+}

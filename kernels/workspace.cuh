@@ -18,15 +18,18 @@ __device__ __forceinline__ char* symmetric_buffer(const SymmArgs& a, uint32_t ow
     return rank_alloc(a, owner) + a.data_offset + 2 * a.data_bytes;
 }
 
-// Line `line` of the slot that rank `source` fills in `owner`'s buffer for epoch parity `parity`.
-__device__ __forceinline__ uint4* ll_line(const SymmArgs& a, uint32_t owner, uint32_t parity, uint32_t source,
-                                          uint64_t line) {
-    char* slot = rank_alloc(a, owner) + a.ll_offset + (parity * a.world + source) * a.ll_slot_bytes;
-    return reinterpret_cast<uint4*>(slot) + line;
+// Line `line` of the slot that rank `source` fills in `owner`'s low-latency buffer `buffer`.
+__device__ __forceinline__ ulonglong2* ll_line(const SymmArgs& a, uint32_t owner, uint32_t buffer, uint32_t source,
+                                               uint64_t line) {
+    char* slot = rank_alloc(a, owner) + a.ll_offset + (buffer * a.world + source) * a.ll_slot_bytes;
+    return reinterpret_cast<ulonglong2*>(slot) + line;
 }
 
-__device__ __forceinline__ CallState* call_state(const SymmArgs& a) {
-    return reinterpret_cast<CallState*>(rank_alloc(a, a.rank) + a.state_offset);
+// Rank `owner`'s call state (peers only ever write its poison word).
+__device__ __forceinline__ CallState* call_state_of(const SymmArgs& a, uint32_t owner) {
+    return reinterpret_cast<CallState*>(rank_alloc(a, owner) + a.state_offset);
 }
+
+__device__ __forceinline__ CallState* call_state(const SymmArgs& a) { return call_state_of(a, a.rank); }
 
 }  // namespace symm

@@ -66,8 +66,9 @@ impl std::str::FromStr for Algorithm {
 pub struct Config {
     /// Largest message, in bytes, one call may reduce. Each rank allocates three times this
     /// (two data buffers used alternately and the zero-copy symmetric buffer), plus 64 KiB of
-    /// signals and call state, plus the low-latency slots (`2 · world · 2 ·
-    /// min(low_latency_max_bytes, capacity)` bytes), rounded up to the device granularity.
+    /// signals and call state, plus the low-latency slots (`3 · world ·
+    /// min(low_latency_max_bytes, capacity)` bytes, rounded up to 16), rounded up to the
+    /// device granularity.
     pub capacity_bytes: usize,
     /// Algorithm used when a call does not force one.
     pub algorithm: Algorithm,
@@ -78,7 +79,7 @@ pub struct Config {
     /// keep every rank's blocks resident at once.
     pub max_blocks_per_rank: usize,
     /// `Auto` uses the barrier-free low-latency kernel up to this many bytes (inclusive;
-    /// 0 turns it off). Each rank reserves `4·W` times this for its slots.
+    /// 0 turns it off). Each rank reserves `3·W` times this for its slots.
     pub low_latency_max_bytes: usize,
     /// Bound on every wait for a peer. Expiry poisons the communicator and surfaces as
     /// [`Error::PeerTimeout`].
@@ -91,7 +92,22 @@ pub struct Config {
     /// (which the communicator must then have). For measuring NCCL behind the same API, and
     /// for testing the fallback where the kernels would run.
     pub peer_kernels: bool,
+    /// Launch the peer kernels with Programmatic Dependent Launch where the device supports
+    /// it (compute capability 9.0 and newer): a kernel's launch overlaps the end of the
+    /// kernel before it on the stream, and it waits (`griddepcontrol.wait`) for that kernel
+    /// to complete before it touches any memory. `false`: plain launches.
+    pub pdl: bool,
+    /// Divergence check (a debugging aid, off by default; [`CHECK_ENV`]`=1` turns it on):
+    /// before a kernel touches any
+    /// data, every rank compares its call (length, dtype, algorithm, collective and call
+    /// number) with every peer's; a mismatch is [`crate::Error::Diverged`] on every rank, naming
+    /// both calls, and poisons the communicator. Costs one extra flag exchange per call.
+    pub check_divergence: bool,
 }
+
+/// Environment variable: `1` turns [`Config::check_divergence`] on. Read by every rank at
+/// setup; the ranks compare their settings, so set it for all of them.
+pub const CHECK_ENV: &str = "SYMM_ALLREDUCE_CHECK";
 
 impl Default for Config {
     fn default() -> Self {
@@ -104,11 +120,22 @@ impl Default for Config {
             timeout: Duration::from_secs(10),
             nccl_above_bytes: None,
             peer_kernels: true,
+            pdl: true,
+            check_divergence: false,
         }
     }
 }
 
 impl Config {
+    /// This configuration with the environment's switches applied ([`CHECK_ENV`]); every
+    /// constructor uses it, before the ranks compare their configurations.
+    pub(crate) fn with_environment(mut self) -> Config {
+        if std::env::var(CHECK_ENV).is_ok_and(|v| v == "1") {
+            self.check_divergence = true;
+        }
+        self
+    }
+
     /// Checks ranges; called by every constructor.
     pub fn validate(&self) -> Result<()> {
         if self.capacity_bytes == 0 {
@@ -172,6 +199,8 @@ impl Config {
             timeout,
             nccl_above_bytes,
             peer_kernels,
+            pdl,
+            check_divergence,
         } = self;
         let mut w = Writer::with_capacity(64);
         w.put(capacity_bytes)
@@ -181,7 +210,9 @@ impl Config {
             .put(low_latency_max_bytes)
             .put(&(timeout.as_nanos().min(u64::MAX as u128) as u64))
             .put(nccl_above_bytes)
-            .put(peer_kernels);
+            .put(peer_kernels)
+            .put(pdl)
+            .put(check_divergence);
         w.finish()
     }
 }
@@ -254,6 +285,14 @@ mod tests {
             },
             Config {
                 peer_kernels: false,
+                ..base.clone()
+            },
+            Config {
+                pdl: false,
+                ..base.clone()
+            },
+            Config {
+                check_divergence: true,
                 ..base.clone()
             },
         ];

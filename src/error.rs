@@ -15,6 +15,8 @@ pub enum BarrierPhase {
     End,
     /// Waiting for a peer's low-latency lines to arrive.
     Arrival,
+    /// The divergence check's exchange of call shapes (before any data).
+    Check,
     /// A code this version does not know (newer kernels).
     Unknown(u32),
 }
@@ -26,6 +28,7 @@ impl std::fmt::Display for BarrierPhase {
             BarrierPhase::Middle => f.write_str("middle barrier"),
             BarrierPhase::End => f.write_str("end barrier"),
             BarrierPhase::Arrival => f.write_str("arrival of its low-latency lines"),
+            BarrierPhase::Check => f.write_str("divergence check"),
             BarrierPhase::Unknown(c) => write!(f, "barrier phase {c}"),
         }
     }
@@ -160,6 +163,24 @@ pub enum Error {
         phase: BarrierPhase,
         /// The configured bound.
         timeout: Duration,
+    },
+
+    /// The divergence check (`Config::check_divergence`, `SYMM_ALLREDUCE_CHECK=1`) found that
+    /// two ranks ran different calls at the same point of their sequences: another length,
+    /// dtype, algorithm or collective, or a rank that made more or fewer calls. The
+    /// communicator is poisoned; no data was read or written by the call.
+    #[error(
+        "rank {rank} ran {this_call} but rank {peer} ran {peer_call} at the same point of the call sequence;          every rank must make the same calls in the same order (the communicator is now unusable: create a new one)"
+    )]
+    Diverged {
+        /// The rank that found it.
+        rank: usize,
+        /// The rank whose call differs.
+        peer: usize,
+        /// `rank`'s call.
+        this_call: String,
+        /// `peer`'s call.
+        peer_call: String,
     },
 
     /// Setup failed on some rank; every rank returns this (or its own error) together.
@@ -314,7 +335,7 @@ mod tests {
     /// Number of `Error` variants; `variant` below matches them exhaustively, so a new
     /// variant does not compile until it gets an index here, and the test fails until
     /// `every_error` constructs it.
-    const VARIANTS: usize = 23;
+    const VARIANTS: usize = 24;
 
     /// A stable index per variant and the text its message must contain to say what to do
     /// (`None` where the message carries the cause only).
@@ -343,6 +364,7 @@ mod tests {
             Error::MissingSecret { .. } => (20, Some("StoreAddress::unique")),
             Error::PeerRefused { .. } => (21, None),
             Error::Bootstrap { .. } => (22, None),
+            Error::Diverged { .. } => (23, Some("every rank must make the same calls")),
         }
     }
 
@@ -421,6 +443,12 @@ mod tests {
             },
             Error::Bootstrap {
                 reason: "bind @job-1: address in use".into(),
+            },
+            Error::Diverged {
+                rank: 0,
+                peer: 2,
+                this_call: "one_shot of 1000 f32 elements".into(),
+                peer_call: "one_shot of 1001 f32 elements".into(),
             },
         ]
     }

@@ -7,8 +7,9 @@ use cudarc::driver::{CudaFunction, CudaStream};
 
 use crate::config::Config;
 use crate::driver::host::ErrorWord;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::kernels::abi::{decode_error, SymmArgs};
+use crate::kernels::abi::{check_shape, decode_error, SymmArgs};
 use crate::kernels::launch;
 use crate::kernels::registry::Kernel;
 use crate::kernels::Kernels;
@@ -24,6 +25,10 @@ pub(crate) struct PeerBackend {
     error: ErrorWord,
     kernels: Kernels,
     args: SymmArgs,
+    /// Launch with Programmatic Dependent Launch (configured, and the device has it).
+    pdl: bool,
+    /// The divergence check is on (`Config::check_divergence` or `SYMM_ALLREDUCE_CHECK=1`).
+    check: bool,
 }
 
 impl PeerBackend {
@@ -49,12 +54,18 @@ impl PeerBackend {
             timeout_ns: config.timeout.as_nanos().min(u64::MAX as u128) as u64,
             rank: rank as u32,
             world: world as u32,
+            check_shape: 0,
+            check_len: 0,
         };
+        let pdl = config.pdl && kernels.supports_pdl();
+        let check = config.check_divergence;
         PeerBackend {
             workspace,
             error,
             kernels,
             args,
+            pdl,
+            check,
         }
     }
 
@@ -71,7 +82,7 @@ impl PeerBackend {
     pub(crate) fn kernel_error(&self, timeout: Duration) -> Option<Error> {
         match self.error.read() {
             0 => None,
-            code => Some(decode_error(code, self.args.rank as usize, timeout)),
+            code => Some(decode_error(code, self.error.record(), timeout)),
         }
     }
 
@@ -89,27 +100,79 @@ impl PeerBackend {
         self.launch_function(
             func,
             plan,
-            call.input_addr,
-            call.output_addr,
-            call.input_len,
+            (call.input_addr, call.output_addr, call.input_len),
+            self.check_shape(Some(kernel), call.dtype),
             stream,
         )
     }
 
     /// Launches the body-less kernel with `plan`'s grid.
     pub(crate) fn launch_empty(&self, plan: Plan, stream: &CudaStream) -> Result<()> {
-        self.launch_function(self.kernels.empty(), plan, 0, 0, 0, stream)
+        self.launch_function(self.kernels.empty(), plan, (0, 0, 0), 0, stream)
+    }
+
+    /// Launches the protocol alone (one flag exchange per block) with `plan`'s grid: a call
+    /// of the group like any other, so every rank must make it.
+    pub(crate) fn launch_sync_floor(
+        &self,
+        plan: Plan,
+        dtype: DType,
+        len: usize,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        let shape = self.check_shape(None, dtype);
+        self.launch_function(self.kernels.sync_floor(), plan, (0, 0, len), shape, stream)
+    }
+
+    /// What the divergence check announces for a call of `kernel` (`None`: the sync floor)
+    /// on `dtype`; 0 when the check is off.
+    fn check_shape(&self, kernel: Option<Kernel>, dtype: DType) -> u64 {
+        if self.check {
+            check_shape(kernel, dtype)
+        } else {
+            0
+        }
+    }
+
+    /// Holds `stream` for `ns` nanoseconds with one spinning thread.
+    pub(crate) fn launch_spin(&self, ns: u64, stream: &CudaStream) -> Result<()> {
+        let one = Plan {
+            algorithm: crate::config::Algorithm::OneShot,
+            blocks: 1,
+            threads: 32,
+        };
+        self.launch_function(self.kernels.spin(), one, (0, 0, ns as usize), 0, stream)
+    }
+
+    /// Sets this rank's completed-call counter (tests: the protocol near 2^31 and 2^32).
+    pub(crate) fn set_call_counter(&self, calls: u64, stream: &CudaStream) -> Result<()> {
+        let state = self.workspace.base() + self.args.rank as u64 * self.args.stride + self.args.state_offset;
+        // SAFETY: the first 8 bytes of this rank's call state, mapped on its device.
+        unsafe { launch::write_u64(state, calls, stream) }
+    }
+
+    /// The device range of this rank's low-latency slots: (address, bytes).
+    pub(crate) fn low_latency_region(&self) -> (u64, usize) {
+        let layout = self.layout();
+        (
+            self.workspace.base() + self.args.rank as u64 * self.args.stride + self.args.ll_offset,
+            layout.ll_bytes(self.args.world as usize),
+        )
     }
 
     fn launch_function(
         &self,
         func: &CudaFunction,
         plan: Plan,
-        input: u64,
-        output: u64,
-        len: usize,
+        (input, output, len): (u64, u64, usize),
+        check_shape: u64,
         stream: &CudaStream,
     ) -> Result<()> {
+        let args = SymmArgs {
+            check_shape,
+            check_len: len as u64,
+            ..self.args
+        };
         // SAFETY: every kernel of the table (and the empty one) takes (const T*, T*, u64,
         // SymmArgs) with T the table column's dtype; the caller validated the ranges; the
         // workspace and the error word in `args` outlive the launch because the communicator's
@@ -117,11 +180,11 @@ impl PeerBackend {
         unsafe {
             launch::launch(
                 func,
-                (plan.blocks, plan.threads),
+                (plan.blocks, plan.threads, self.pdl),
                 input,
                 output,
                 len,
-                &self.args,
+                &args,
                 stream,
             )
         }

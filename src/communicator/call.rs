@@ -163,6 +163,62 @@ impl Communicator {
         peer.launch_empty(self.plan(len, dtype, algorithm), stream)
     }
 
+    /// Launches the protocol alone — the epoch read, one all-to-all flag exchange per block and
+    /// the call count — with exactly the grid a call of `len` elements would use: the
+    /// benchmark's sync floor. It is a call of the group: every rank must make it.
+    #[doc(hidden)]
+    pub fn launch_sync_floor(
+        &self,
+        len: usize,
+        dtype: DType,
+        stream: &Arc<CudaStream>,
+        algorithm: Algorithm,
+    ) -> Result<()> {
+        let peer = self.peer()?;
+        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        self.order_after_previous_call(stream)?;
+        peer.launch_sync_floor(self.plan(len, dtype, algorithm), dtype, len, stream)
+    }
+
+    /// Test hook: holds `stream` for `ns` nanoseconds (one spinning thread), so that this
+    /// rank's next call starts late.
+    #[doc(hidden)]
+    pub fn __delay(&self, stream: &CudaStream, ns: u64) -> Result<()> {
+        let peer = self.peer()?;
+        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        peer.launch_spin(ns, stream)
+    }
+
+    /// Test hook: sets this rank's device call counter (every rank must be given the same
+    /// value, between calls): the protocol near 2^31 and 2^32 calls without waiting days.
+    #[doc(hidden)]
+    pub fn __set_call_counter(&self, calls: u64, stream: &Arc<CudaStream>) -> Result<()> {
+        let peer = self.peer()?;
+        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        self.order_after_previous_call(stream)?;
+        peer.set_call_counter(calls, stream)
+    }
+
+    /// Test hook: whether every byte of this rank's low-latency slots holds the "not yet
+    /// arrived" sentinel (synchronises the context; call between calls).
+    #[doc(hidden)]
+    pub fn __low_latency_slots_armed(&self) -> Result<bool> {
+        let (ptr, bytes) = self.peer()?.low_latency_region();
+        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        self.ctx.synchronize().during("cuCtxSynchronize")?;
+        Ok(crate::driver::vmm::read(ptr, bytes)?.iter().all(|&b| b == 0xff))
+    }
+
+    /// Test hook: overwrites every byte of this rank's low-latency slots with `byte`, as an
+    /// earlier communicator's lines would look (synchronous; call between calls).
+    #[doc(hidden)]
+    pub fn __scribble_low_latency_slots(&self, byte: u8) -> Result<()> {
+        let (ptr, bytes) = self.peer()?.low_latency_region();
+        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        self.ctx.synchronize().during("cuCtxSynchronize")?;
+        crate::driver::vmm::fill(ptr, byte, bytes)
+    }
+
     /// Waits for `stream` and reports a timeout any earlier call hit (and an error NCCL
     /// recorded, for a fallback this crate created). A peer kernel's wait is bounded by
     /// `Config::timeout`; an NCCL call's is NCCL's own business.

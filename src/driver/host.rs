@@ -1,4 +1,5 @@
-//! Host memory the device writes to: the error word a timed-out kernel leaves for the host.
+//! Host memory the device writes to: the error word a timed-out kernel leaves for the host,
+//! and the divergence record that follows it.
 
 use std::ffi::c_void;
 
@@ -7,8 +8,9 @@ use cudarc::driver::sys;
 use super::check;
 use crate::error::Result;
 
-/// One `u32` in pinned, device-mapped, portable host memory. The kernels store an error
-/// code into it; the host reads it without any CUDA call (so also during graph capture).
+/// 64 bytes of pinned, device-mapped, portable host memory: a `u32` error code at 0 and four
+/// `u64` at 8 (what a divergence was). The kernels store into it; the host reads it without
+/// any CUDA call (so also during graph capture).
 #[derive(Debug)]
 pub(crate) struct ErrorWord {
     host: *mut u32,
@@ -58,9 +60,17 @@ impl ErrorWord {
         unsafe { std::ptr::read_volatile(self.host) }
     }
 
+    /// The four `u64` after the code.
+    pub(crate) fn record(&self) -> [u64; 4] {
+        let words = self.host.cast::<u64>();
+        // SAFETY: the allocation is 64 bytes, 8-aligned (page-aligned pinned memory); words 1..5
+        // lie inside it; volatile as in `read`.
+        std::array::from_fn(|i| unsafe { std::ptr::read_volatile(words.add(1 + i)) })
+    }
+
     pub(crate) fn clear(&self) {
-        // SAFETY: as in `read`.
-        unsafe { std::ptr::write_volatile(self.host, 0) }
+        // SAFETY: as in `read`; the 64 bytes are owned by self.
+        unsafe { std::ptr::write_bytes(self.host.cast::<u8>(), 0, 64) }
     }
 }
 

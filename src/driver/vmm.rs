@@ -198,9 +198,18 @@ impl Drop for PeerMapping {
     }
 }
 
-/// Zeroes `bytes` at `ptr` (synchronous; setup only).
-pub(crate) fn zero(ptr: u64, bytes: usize) -> Result<()> {
+/// Copies `bytes` at `ptr` to the host (synchronous; test hooks only).
+pub(crate) fn read(ptr: u64, bytes: usize) -> Result<Vec<u8>> {
+    let mut host = vec![0u8; bytes];
+    // SAFETY: the caller passes a mapped device range of `bytes`; `host` holds as many.
+    let code = unsafe { sys::cuMemcpyDtoH_v2(host.as_mut_ptr().cast(), ptr, bytes) };
+    check(code, "cuMemcpyDtoH")?;
+    Ok(host)
+}
+
+/// Sets `bytes` at `ptr` to `byte` (synchronous; setup only).
+pub(crate) fn fill(ptr: u64, byte: u8, bytes: usize) -> Result<()> {
     // SAFETY: the caller passes a mapped, writable device range.
-    let code = unsafe { sys::cuMemsetD8_v2(ptr, 0, bytes) };
+    let code = unsafe { sys::cuMemsetD8_v2(ptr, byte, bytes) };
     check(code, "cuMemsetD8")
 }

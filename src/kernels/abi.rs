@@ -15,9 +15,57 @@ pub const MAX_RANKS: usize = 8;
 pub(crate) const MAX_BLOCKS: usize = 64;
 /// Threads per block of every kernel.
 pub(crate) const THREADS_PER_BLOCK: u32 = 512;
+/// 64-bit signal slots per 128-byte signal row (one row per phase and block).
+pub(crate) const SLOTS_PER_ROW: usize = 16;
+/// Barrier phases with signal rows (start, middle, end).
+pub(crate) const SIGNAL_PHASES: usize = 3;
+/// Rotating low-latency buffers.
+pub(crate) const LL_BUFFERS: usize = 3;
 
-/// Error word: `kind | phase << 8 | peer << 16`; kind 1 is a peer timeout.
+/// Error word: `kind | phase << 8 | peer << 16 | origin << 24`; kind 1 is a peer timeout,
+/// `origin` the rank whose wait timed out (the kernels push a timeout to every rank).
 pub(crate) const ERROR_PEER_TIMEOUT: u32 = 1;
+/// Error kind 2: the divergence check found another call on a peer; the error word is then
+/// followed by [`DivergenceRecord`].
+pub(crate) const ERROR_DIVERGED: u32 = 2;
+/// Offset of the divergence check's slots in every rank's allocation.
+pub(crate) const CHECK_OFFSET: usize = 64 << 10;
+/// Bytes of the divergence check's slots: [parity 2][block][source rank] × 32 bytes.
+pub(crate) const CHECK_BYTES: usize = 2 * MAX_BLOCKS * MAX_RANKS * 32;
+
+/// What a kernel that found a divergence leaves after the error word: this rank's call and
+/// the peer's, as (shape, length) pairs ([`check_shape`]). A peer whose epoch differed is
+/// recorded with shape 0 and its epoch as the length.
+pub(crate) type DivergenceRecord = [u64; 4];
+
+/// The divergence check's description of a call: which kernel (or the sync floor, `None`),
+/// which dtype; the length travels beside it.
+pub(crate) fn check_shape(
+    kernel: Option<crate::kernels::registry::Kernel>,
+    dtype: crate::dtype::DType,
+) -> u64 {
+    let kernel = kernel.map_or(0xff, |k| k.index() as u64 + 1);
+    kernel << 8 | (dtype.index() as u64 + 1) << 16 | 1
+}
+
+/// Human form of a call announced to the divergence check.
+pub(crate) fn describe_call(shape: u64, len: u64) -> String {
+    use crate::dtype::DType;
+    use crate::kernels::registry::KERNELS;
+    if shape == 0 {
+        return format!("call number {len} (another count of calls)");
+    }
+    let kernel = match (shape >> 8) & 0xff {
+        0xff => "sync_floor",
+        k => KERNELS
+            .get(k as usize - 1)
+            .map_or("an unknown kernel", |s| s.prefix),
+    };
+    let dtype = DType::ALL
+        .get(((shape >> 16) & 0xff) as usize - 1)
+        .map_or("an unknown dtype", |d| d.name());
+    format!("{kernel} of {len} {dtype} elements")
+}
 
 /// Kernel parameter block; mirrors `symm::SymmArgs` in kernels/abi.cuh.
 #[repr(C)]
@@ -35,39 +83,68 @@ pub(crate) struct SymmArgs {
     pub(crate) timeout_ns: u64,
     pub(crate) rank: u32,
     pub(crate) world: u32,
+    /// Divergence check: this call's [`check_shape`] (0: check off) and length.
+    pub(crate) check_shape: u64,
+    pub(crate) check_len: u64,
 }
 
-// The device struct: ten u64 then two u32, no padding: 88 bytes, 8-aligned.
-const _: () = assert!(std::mem::size_of::<SymmArgs>() == 88);
+// The device struct: ten u64, two u32, two u64, no padding: 104 bytes, 8-aligned.
+const _: () = assert!(std::mem::size_of::<SymmArgs>() == 104);
 const _: () = assert!(std::mem::align_of::<SymmArgs>() == 8);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, ll_offset) == 48);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, error) == 64);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, timeout_ns) == 72);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, rank) == 80);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, world) == 84);
+const _: () = assert!(std::mem::offset_of!(SymmArgs, check_shape) == 88);
+const _: () = assert!(std::mem::offset_of!(SymmArgs, check_len) == 96);
 
 // SAFETY: SymmArgs is a #[repr(C)] struct of plain integers with the same layout as the
 // device-side struct (asserted above and in kernels/abi.cuh).
 unsafe impl DeviceRepr for SymmArgs {}
 
-/// The error a kernel left in the error word (`code != 0`).
-pub(crate) fn decode_error(code: u32, rank: usize, timeout: Duration) -> Error {
-    if code & 0xff == ERROR_PEER_TIMEOUT {
-        let phase = match (code >> 8) & 0xff {
-            0 => BarrierPhase::Start,
-            1 => BarrierPhase::Middle,
-            2 => BarrierPhase::End,
-            3 => BarrierPhase::Arrival,
-            p => BarrierPhase::Unknown(p),
-        };
-        Error::PeerTimeout {
-            rank,
-            peer: (code >> 16) as usize,
-            phase,
-            timeout,
+/// The error a kernel left in the error word (`code != 0`). `rank` in the error is the rank
+/// whose wait timed out, which is another rank's when that rank pushed its timeout here.
+/// `record` is what follows the error word ([`DivergenceRecord`]); all zero when the rank that
+/// found a divergence is another one (it pushed only the code here).
+pub(crate) fn decode_error(code: u32, record: DivergenceRecord, timeout: Duration) -> Error {
+    let rank = (code >> 24) as usize;
+    let peer = ((code >> 16) & 0xff) as usize;
+    match code & 0xff {
+        ERROR_PEER_TIMEOUT => {
+            let phase = match (code >> 8) & 0xff {
+                0 => BarrierPhase::Start,
+                1 => BarrierPhase::Middle,
+                2 => BarrierPhase::End,
+                3 => BarrierPhase::Arrival,
+                4 => BarrierPhase::Check,
+                p => BarrierPhase::Unknown(p),
+            };
+            Error::PeerTimeout {
+                rank,
+                peer,
+                phase,
+                timeout,
+            }
         }
-    } else {
-        Error::KernelFault { code }
+        ERROR_DIVERGED => {
+            let [shape, len, peer_shape, peer_len] = record;
+            let (this_call, peer_call) = if shape == 0 {
+                (
+                    "its call".to_string(),
+                    format!("another call (rank {rank} found it; see that rank's error)"),
+                )
+            } else {
+                (describe_call(shape, len), describe_call(peer_shape, peer_len))
+            };
+            Error::Diverged {
+                rank,
+                peer,
+                this_call,
+                peer_call,
+            }
+        }
+        _ => Error::KernelFault { code },
     }
 }
 
@@ -78,7 +155,7 @@ mod tests {
     #[test]
     fn error_codes_decode_to_peer_timeouts() {
         let t = Duration::from_millis(5);
-        match decode_error(1 | (1 << 8) | (5 << 16), 2, t) {
+        match decode_error(1 | (1 << 8) | (5 << 16) | (2 << 24), [0; 4], t) {
             Error::PeerTimeout {
                 rank: 2,
                 peer: 5,
@@ -88,17 +165,49 @@ mod tests {
             e => panic!("unexpected {e:?}"),
         }
         assert!(matches!(
-            decode_error(1 | (3 << 16), 0, t),
+            decode_error(1 | (3 << 16), [0; 4], t),
             Error::PeerTimeout {
+                rank: 0,
                 peer: 3,
                 phase: BarrierPhase::Start,
                 ..
             }
         ));
         assert!(matches!(
-            decode_error(0x42, 0, t),
+            decode_error(0x42, [0; 4], t),
             Error::KernelFault { code: 0x42 }
         ));
+    }
+
+    #[test]
+    fn divergences_name_both_calls() {
+        use crate::dtype::DType;
+        use crate::kernels::registry::Kernel;
+        let t = Duration::from_secs(1);
+        let mine = check_shape(Some(Kernel::OneShot), DType::BF16);
+        let theirs = check_shape(Some(Kernel::TwoShot), DType::F32);
+        assert_ne!(mine, theirs);
+        assert_ne!(mine, 0, "0 means the check is off");
+        match decode_error(2 | (4 << 8) | (1 << 16), [mine, 1000, theirs, 999], t) {
+            Error::Diverged {
+                rank: 0,
+                peer: 1,
+                this_call,
+                peer_call,
+            } => {
+                assert_eq!(this_call, "one_shot of 1000 bf16 elements");
+                assert_eq!(peer_call, "two_shot of 999 f32 elements");
+            }
+            e => panic!("unexpected {e:?}"),
+        }
+        let e = decode_error(2 | (3 << 16) | (2 << 24), [mine, 8, 0, 41], t);
+        assert!(e.to_string().contains("call number 41"), "{e}");
+        assert!(e.to_string().contains("rank 2 ran one_shot of 8 bf16"), "{e}");
+        let pushed = decode_error(2 | (3 << 16) | (2 << 24), [0; 4], t);
+        assert!(
+            matches!(pushed, Error::Diverged { rank: 2, peer: 3, .. }),
+            "{pushed:?}"
+        );
     }
 
     /// `constexpr <type> NAME = <value>;` lines of the device header.
@@ -132,8 +241,17 @@ mod tests {
         assert_eq!(get("MAX_BLOCKS"), MAX_BLOCKS as u64);
         assert_eq!(get("THREADS"), THREADS_PER_BLOCK as u64);
         assert_eq!(get("ERROR_PEER_TIMEOUT"), ERROR_PEER_TIMEOUT as u64);
+        assert_eq!(get("ERROR_DIVERGED"), ERROR_DIVERGED as u64);
+        assert_eq!(get("CHECK_OFFSET"), CHECK_OFFSET as u64);
+        assert_eq!(get("SLOTS_PER_ROW"), SLOTS_PER_ROW as u64);
+        assert_eq!(get("SIGNAL_PHASES"), SIGNAL_PHASES as u64);
+        assert_eq!(get("LL_BUFFERS"), LL_BUFFERS as u64);
         assert!(
-            header.contains("sizeof(SymmArgs) == 88"),
+            header.contains("sizeof(CallState) == 16"),
+            "abi.cuh asserts the call state's size"
+        );
+        assert!(
+            header.contains("sizeof(SymmArgs) == 104"),
             "abi.cuh asserts the size"
         );
     }

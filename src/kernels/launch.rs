@@ -9,7 +9,10 @@ use super::abi::SymmArgs;
 use crate::error::{CudaResultExt, Result};
 
 /// Launches `func(input, output, len, args)` with `blocks × threads` on `stream`. The context
-/// of `stream` must be current.
+/// of `stream` must be current. With `pdl` set, the launch carries programmatic stream
+/// serialization (`cuLaunchKernelEx`): it may begin while the previous kernel on the stream
+/// finishes; every kernel of the fatbin waits for it (`griddepcontrol.wait`) before it
+/// touches memory. Only for devices of compute capability 9.0 and newer.
 ///
 /// # Safety
 /// `func` takes exactly `(const T*, T*, u64, SymmArgs)`; `input` and `output` are 16-byte
@@ -17,7 +20,7 @@ use crate::error::{CudaResultExt, Result};
 /// `func`); every address in `args` is mapped on that device until the launch completes.
 pub(crate) unsafe fn launch(
     func: &CudaFunction,
-    (blocks, threads): (u32, u32),
+    (blocks, threads, pdl): (u32, u32, bool),
     input: u64,
     output: u64,
     len: usize,
@@ -34,6 +37,34 @@ pub(crate) unsafe fn launch(
         (&mut n as *mut u64).cast(),
         (&mut args as *mut SymmArgs).cast(),
     ];
+    if pdl {
+        // SAFETY: a zeroed launch attribute is a valid C value; the id and value are set below.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: blocks,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: threads,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: as below; `config` and `attr` are locals that outlive the call.
+        let code = unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                func.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        return code.result().during("cuLaunchKernelEx");
+    }
     // SAFETY: the caller guarantees the signature and the ranges; `params` points at locals
     // that outlive the call (the driver copies them at launch).
     unsafe {
@@ -47,6 +78,20 @@ pub(crate) unsafe fn launch(
         )
     }
     .during("cuLaunchKernel")
+}
+
+/// Writes the 64-bit `value` at `dst` on `stream` (two 32-bit memsets: asynchronous,
+/// capturable, no host buffer). The context of `stream` must be current.
+///
+/// # Safety
+/// `dst` is 8 bytes of device memory of the stream's device, 4-byte aligned.
+pub(crate) unsafe fn write_u64(dst: u64, value: u64, stream: &CudaStream) -> Result<()> {
+    for (offset, half) in [(0, value as u32), (4, (value >> 32) as u32)] {
+        // SAFETY: the caller guarantees the 8 bytes at `dst`.
+        let code = unsafe { sys::cuMemsetD32Async(dst + offset, half, 1, stream.cu_stream()) };
+        code.result().during("cuMemsetD32Async")?;
+    }
+    Ok(())
 }
 
 /// Copies `bytes` from `src` to `dst` on `stream` (asynchronous, capturable). The context of

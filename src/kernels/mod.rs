@@ -13,7 +13,7 @@ use cudarc::nvrtc::Ptx;
 
 use crate::dtype::DType;
 use crate::error::{CudaResultExt, Error, Result};
-use registry::{Family, Kernel, EMPTY_KERNEL, KERNELS};
+use registry::{Family, Kernel, EMPTY_KERNEL, KERNELS, SPIN_KERNEL, SYNC_FLOOR_KERNEL};
 
 static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kernels.fatbin"));
 static PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
@@ -42,6 +42,8 @@ pub fn ptxas_report() -> &'static str {
 pub(crate) struct Kernels {
     table: [[Option<CudaFunction>; DType::COUNT]; KERNELS.len()],
     empty: CudaFunction,
+    sync_floor: CudaFunction,
+    spin: CudaFunction,
     arch: u32,
     ordinal: usize,
 }
@@ -83,6 +85,8 @@ impl Kernels {
         Ok(Kernels {
             table,
             empty: load(EMPTY_KERNEL)?,
+            sync_floor: load(SYNC_FLOOR_KERNEL)?,
+            spin: load(SPIN_KERNEL)?,
             arch,
             ordinal: ctx.ordinal(),
         })
@@ -107,6 +111,19 @@ impl Kernels {
 
     pub(crate) fn empty(&self) -> &CudaFunction {
         &self.empty
+    }
+
+    pub(crate) fn sync_floor(&self) -> &CudaFunction {
+        &self.sync_floor
+    }
+
+    pub(crate) fn spin(&self) -> &CudaFunction {
+        &self.spin
+    }
+
+    /// Whether launches may use Programmatic Dependent Launch (compute capability 9.0+).
+    pub(crate) fn supports_pdl(&self) -> bool {
+        self.arch >= 90
     }
 
     /// Fewest resident blocks per SM over the kernels of each family and every dtype:

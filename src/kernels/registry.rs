@@ -65,6 +65,11 @@ pub(crate) const KERNELS: [KernelSpec; 4] = [
 
 /// The body-less kernel with the common signature (the benchmark's launch floor).
 pub(crate) const EMPTY_KERNEL: &str = "symm_empty";
+/// The protocol alone with the common signature: one flag exchange per block (the
+/// benchmark's sync floor).
+pub(crate) const SYNC_FLOOR_KERNEL: &str = "symm_sync_floor";
+/// One thread spinning for `n` nanoseconds (a late rank, for tests and the benchmark).
+pub(crate) const SPIN_KERNEL: &str = "symm_spin";
 
 impl Kernel {
     /// Its row in [`KERNELS`].
@@ -93,7 +98,7 @@ pub(crate) fn symbols() -> Vec<String> {
         .iter()
         .flat_map(|k| DType::ALL.map(|d| format!("symm_{}_{}", k.prefix, d.name())))
         .collect();
-    names.push(EMPTY_KERNEL.to_string());
+    names.extend([EMPTY_KERNEL, SYNC_FLOOR_KERNEL, SPIN_KERNEL].map(String::from));
     names
 }
 

@@ -26,13 +26,13 @@ pub(crate) fn choose(bytes: usize, world: usize, config: &Config, requested: Alg
 }
 
 /// The grid of `kernel` for `len` elements of `dtype` over `world` ranks: one thread per
-/// 16-byte pack (of the rank's 1/W slice for the two-shot family, per 8-byte line for
-/// low-latency), capped by the agreed limits and the signal slots.
+/// 16-byte pack (of the rank's 1/W slice for the two-shot family; a low-latency line is one
+/// pack too), capped by the agreed limits and the signal slots.
 pub(crate) fn grid(kernel: Kernel, len: usize, dtype: DType, world: usize, limits: Limits) -> Plan {
     let packs = len / dtype.per_pack();
     let work = match kernel {
         Kernel::TwoShot | Kernel::InPlace => packs.div_ceil(world),
-        Kernel::LowLatency => (len * dtype.size()).div_ceil(8),
+        Kernel::LowLatency => (len * dtype.size()).div_ceil(16),
         Kernel::OneShot => packs,
     };
     let wanted = work.div_ceil(THREADS_PER_BLOCK as usize).max(1);
@@ -91,9 +91,13 @@ mod tests {
             assert_eq!(at.algorithm, Algorithm::LowLatency, "world {world}");
             assert_eq!(above.algorithm, Algorithm::OneShot, "world {world}");
         }
-        // One thread per 8-byte line: 8 KiB is 1024 lines, two blocks; a tail needs one more line.
+        // One thread per 16-byte line: 8 KiB is 512 lines, one block; 16 KiB two.
         assert_eq!(
             plan_all_reduce(4096, DType::BF16, 8, WIDE, &c, Algorithm::Auto).blocks,
+            1
+        );
+        assert_eq!(
+            plan_all_reduce(8192, DType::BF16, 8, WIDE, &c, Algorithm::Auto).blocks,
             2
         );
         assert_eq!(

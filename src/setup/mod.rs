@@ -343,7 +343,7 @@ pub(crate) fn run(
         rank: bootstrap.rank(),
         world: bootstrap.world(),
         ctx,
-        config,
+        config: config.with_environment(),
         nccl,
         precheck: Some(precheck),
         device: [0; 16],

@@ -6,37 +6,45 @@
 //! Layout of each rank's allocation (offsets shared with the kernels through `SymmArgs`):
 //!
 //! ```text
-//! 0        signal pad: [phase 0..3][block 0..64][32 u32 slots], one 128-byte row per block;
-//!          peers write slot [phase][block][their rank]
-//! 32 KiB   call state: completed-call counter and finished-block counter (owner only)
-//! 64 KiB   data buffer, parity 0 (data_bytes): the kernels' copy of the caller's input
+//! 0        signal pad: [phase 0..3][block 0..64][16 u64 slots], one 128-byte row per block;
+//!          peers write slot [phase][block][their rank] with 64-bit epochs
+//! 32 KiB   call state: completed-call counter (u64), arrived-block counter, poison word
+//! 64 KiB   divergence check: [epoch parity 2][block][source rank] × 32-byte call announcements
+//! 128 KiB  data buffer, parity 0 (data_bytes): the kernels' copy of the caller's input
 //! ...      data buffer, parity 1 (data_bytes)
 //! ...      symmetric buffer (data_bytes): the caller's data for the zero-copy in-place call
-//! ...      low-latency slots: [parity 2][source rank W] × ll_slot_bytes of 16-byte lines
+//! ...      low-latency slots: [buffer 3][source rank W] × ll_slot_bytes of 16-byte lines
 //! ```
+//!
+//! Setup zeroes the whole allocation and then fills the low-latency slots with all-ones
+//! words (the "not yet arrived" sentinel), so nothing a new communicator reads holds an old
+//! one's bytes.
 
 mod workspace;
 
 pub(crate) use workspace::{allocate, Workspace};
 
-use crate::kernels::abi::MAX_BLOCKS;
+use crate::kernels::abi::{
+    CHECK_BYTES, CHECK_OFFSET, LL_BUFFERS, MAX_BLOCKS, MAX_RANKS, SIGNAL_PHASES, SLOTS_PER_ROW,
+};
 
 pub(crate) const SIGNAL_OFFSET: usize = 0;
-pub(crate) const SIGNAL_PHASES: usize = 3;
-pub(crate) const SIGNAL_ROW_BYTES: usize = 128;
+pub(crate) const SIGNAL_ROW_BYTES: usize = SLOTS_PER_ROW * 8;
 pub(crate) const STATE_OFFSET: usize = 32 << 10;
-pub(crate) const DATA_OFFSET: usize = 64 << 10;
+pub(crate) const DATA_OFFSET: usize = 128 << 10;
 
 const _: () = assert!(SIGNAL_OFFSET + SIGNAL_PHASES * MAX_BLOCKS * SIGNAL_ROW_BYTES <= STATE_OFFSET);
-const _: () = assert!(STATE_OFFSET + 128 <= DATA_OFFSET);
+const _: () = assert!(STATE_OFFSET + 128 <= CHECK_OFFSET);
+const _: () = assert!(CHECK_OFFSET + CHECK_BYTES <= DATA_OFFSET);
+const _: () = assert!(MAX_RANKS <= SLOTS_PER_ROW);
 
 /// Sizes derived from the configured capacity and the device granularity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
     /// Bytes of one data buffer and of the symmetric buffer (capacity rounded up to 4 KiB).
     pub data_bytes: usize,
-    /// Bytes of one low-latency slot: 16-byte lines carrying 8 payload bytes each, for up
-    /// to `min(low_latency_max_bytes, capacity)` bytes.
+    /// Bytes of one low-latency slot: `min(low_latency_max_bytes, capacity)` rounded up to
+    /// whole 16-byte lines (each line carries 16 payload bytes).
     pub ll_slot_bytes: usize,
     /// Bytes of each rank's allocation (and the stride between ranks' mappings).
     pub alloc_bytes: usize,
@@ -47,8 +55,8 @@ impl Layout {
     /// `low_latency_max` bytes, and `world` ranks.
     pub fn new(capacity: usize, low_latency_max: usize, world: usize, granularity: usize) -> Self {
         let data_bytes = capacity.next_multiple_of(4096);
-        let ll_slot_bytes = (low_latency_max.min(capacity).div_ceil(8) * 16).max(16);
-        let end = DATA_OFFSET + 3 * data_bytes + 2 * world * ll_slot_bytes;
+        let ll_slot_bytes = low_latency_max.min(capacity).next_multiple_of(16).max(16);
+        let end = DATA_OFFSET + 3 * data_bytes + LL_BUFFERS * world * ll_slot_bytes;
         Layout {
             data_bytes,
             ll_slot_bytes,
@@ -61,9 +69,14 @@ impl Layout {
         DATA_OFFSET + 3 * self.data_bytes
     }
 
+    /// Bytes of the low-latency slots of one rank's allocation (all buffers, all sources).
+    pub fn ll_bytes(&self, world: usize) -> usize {
+        LL_BUFFERS * world * self.ll_slot_bytes
+    }
+
     /// Largest message, in bytes, the low-latency slots hold.
     pub fn ll_capacity(&self) -> usize {
-        self.ll_slot_bytes / 2
+        self.ll_slot_bytes
     }
 
     /// Offset of the symmetric buffer inside each rank's allocation.
@@ -81,13 +94,14 @@ mod tests {
         let l = Layout::new(1, 32 << 10, 8, 2 << 20);
         assert_eq!(l.data_bytes, 4096);
         assert_eq!(l.alloc_bytes, 2 << 20);
-        assert_eq!(l.ll_capacity(), 8); // one line: never more than the capacity
+        assert_eq!(l.ll_capacity(), 16); // one line
         let l = Layout::new(64 << 20, 32 << 10, 8, 2 << 20);
         assert_eq!(l.data_bytes, 64 << 20);
-        assert_eq!(l.ll_slot_bytes, 64 << 10);
+        assert_eq!(l.ll_slot_bytes, 32 << 10);
         assert_eq!(l.ll_capacity(), 32 << 10);
         assert_eq!(l.alloc_bytes, 194 << 20);
-        assert!(l.ll_offset() + 2 * 8 * l.ll_slot_bytes <= l.alloc_bytes);
+        assert_eq!(l.ll_bytes(8), 3 * 8 * (32 << 10));
+        assert!(l.ll_offset() + l.ll_bytes(8) <= l.alloc_bytes);
         assert_eq!(
             l.symmetric_offset() + l.data_bytes,
             DATA_OFFSET + 3 * l.data_bytes

@@ -45,8 +45,8 @@ impl Workspace {
     }
 
     /// Maps `own` and the peers' allocations (indexed by rank, `None` at `rank`) for
-    /// `device`, and zeroes all of this rank's allocation: signals, call state, data buffers,
-    /// the symmetric buffer and the low-latency slots. The driver may hand back pages an
+    /// `device`, and zeroes all of this rank's allocation (signals, call state, data buffers,
+    /// the symmetric buffer), then arms the low-latency slots with the all-ones sentinel. The driver may hand back pages an
     /// earlier communicator wrote (low-latency lines with live-looking epochs among them);
     /// nothing a new communicator reads may hold an old one's bytes. (A memset of the whole
     /// allocation costs well under a millisecond at setup.)
@@ -71,10 +71,9 @@ impl Workspace {
         }
         let mapping = PeerMapping::new(&order, layout.alloc_bytes, device)?;
         drop(order);
-        vmm::zero(
-            mapping.base() + (rank * layout.alloc_bytes) as u64,
-            layout.alloc_bytes,
-        )?;
+        let own_base = mapping.base() + (rank * layout.alloc_bytes) as u64;
+        vmm::fill(own_base, 0, layout.alloc_bytes)?;
+        vmm::fill(own_base + layout.ll_offset() as u64, 0xff, layout.ll_bytes(world))?;
         Ok(Workspace {
             mapping,
             _peers: peers.into_iter().map(|(_, a)| a).collect(),

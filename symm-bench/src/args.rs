@@ -137,6 +137,20 @@ pub struct Args {
     #[arg(long = "timeout", value_name = "SECS", default_value_t = 3600,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout_secs: u64,
+
+    /// Launch the kernels without Programmatic Dependent Launch (`Config::pdl = false`), to
+    /// compare with the default.
+    #[arg(long = "no-pdl")]
+    pub no_pdl: bool,
+
+    /// `Config::low_latency_max_bytes`: the largest message `auto` sends to the low-latency
+    /// kernel, and the largest `low_latency` runs (K/M suffixes).
+    #[arg(long = "low-latency-max", value_name = "BYTES", value_parser = parse_size)]
+    pub low_latency_max: Option<usize>,
+
+    /// Run with the divergence check on (`Config::check_divergence`), to measure its cost.
+    #[arg(long = "check-divergence")]
+    pub check_divergence: bool,
 }
 
 /// `--launcher`.
@@ -409,6 +423,12 @@ pub struct RunPlan {
     pub warmup: Option<usize>,
     /// `--quick`.
     pub quick: bool,
+    /// `Config::low_latency_max_bytes` for the run (`--low-latency-max`).
+    pub low_latency_max: usize,
+    /// `Config::pdl` for the run (off with `--no-pdl`).
+    pub pdl: bool,
+    /// `Config::check_divergence` for the run (`--check-divergence`).
+    pub check_divergence: bool,
 }
 
 impl RunPlan {
@@ -430,6 +450,22 @@ impl RunPlan {
             iters: args.iters.map(|n| n as usize),
             warmup: args.warmup.map(|n| n as usize),
             quick: args.quick,
+            low_latency_max: args
+                .low_latency_max
+                .unwrap_or(symm_allreduce::Config::default().low_latency_max_bytes),
+            pdl: !args.no_pdl,
+            check_divergence: args.check_divergence,
+        }
+    }
+
+    /// The communicator configuration of the run, for messages of up to `capacity_bytes`.
+    pub fn config(&self, capacity_bytes: usize) -> symm_allreduce::Config {
+        symm_allreduce::Config {
+            capacity_bytes,
+            low_latency_max_bytes: self.low_latency_max,
+            pdl: self.pdl,
+            check_divergence: self.check_divergence,
+            ..symm_allreduce::Config::default()
         }
     }
 
@@ -476,7 +512,7 @@ impl RunPlan {
     /// Whether `algo` runs at `bytes` (one-shot stops at 64 MiB in a sweep).
     pub fn runs(&self, algo: AlgoChoice, bytes: usize) -> bool {
         match algo {
-            AlgoChoice::LowLatency => bytes <= symm_allreduce::Config::default().low_latency_max_bytes,
+            AlgoChoice::LowLatency => bytes <= self.low_latency_max,
             AlgoChoice::OneShot => self.explicit_sizes || bytes <= ONE_SHOT_SWEEP_MAX,
             _ => true,
         }

@@ -246,17 +246,13 @@ impl Bench {
     pub fn new(
         ctxs: Vec<Arc<CudaContext>>,
         placement: Placement,
-        capacity_bytes: usize,
+        config: Config,
         with_nccl: bool,
     ) -> Result<Bench, BenchError> {
         let streams = ctxs
             .iter()
             .map(|c| c.new_stream())
             .collect::<Result<Vec<_>, _>>()?;
-        let config = Config {
-            capacity_bytes,
-            ..Config::default()
-        };
         let comms = Communicator::local_group(&ctxs, config)?;
         let timer = Timer::new(&streams)?;
         let nccl_streams = match placement {
@@ -375,6 +371,7 @@ impl Bench {
             }
             pb.inc(1);
         }
+        self.sync_floor_rows(plan, dtype, bytes, len, rows)?;
         for s in &self.streams {
             s.synchronize()?;
         }
@@ -410,6 +407,79 @@ impl Bench {
         for (s, out) in self.streams.iter().zip(&mut b.outputs).take(ranks) {
             s.memset_zeros(out)?;
             s.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// The sync floor at one size (algo `sync_floor`): the one-shot grid doing nothing but
+    /// the protocol — one all-to-all flag exchange per block — beside the empty kernel of the
+    /// same grid. No kernel that synchronises ranks can be faster; an all-reduce's own cost
+    /// is what it spends above this.
+    fn sync_floor_rows(
+        &mut self,
+        plan: &RunPlan,
+        dtype: DType,
+        bytes: usize,
+        len: usize,
+        rows: &mut Vec<Row>,
+    ) -> Result<(), BenchError> {
+        let (comms, streams) = (&self.comms, &self.streams);
+        let blocks = comms[0].plan(len, dtype, Algorithm::OneShot).blocks;
+        for &mode in &plan.modes {
+            let rounds = plan.rounds(mode);
+            let mut sync = || -> Result<(), BenchError> {
+                for (c, s) in comms.iter().zip(streams) {
+                    c.launch_sync_floor(len, dtype, s, Algorithm::OneShot)?;
+                }
+                Ok(())
+            };
+            let m = measure(
+                &mut self.timer,
+                streams,
+                mode,
+                rounds,
+                plan.warmup(mode),
+                &mut sync,
+            )?;
+            let mut empty = || -> Result<(), BenchError> {
+                for (c, s) in comms.iter().zip(streams) {
+                    c.launch_empty(len, dtype, s, Algorithm::OneShot)?;
+                }
+                Ok(())
+            };
+            let e = measure(
+                &mut self.timer,
+                streams,
+                mode,
+                rounds,
+                plan.warmup(mode),
+                &mut empty,
+            )?;
+            for (c, s) in comms.iter().zip(streams) {
+                c.synchronize(s)?;
+            }
+            rows.push(
+                Row {
+                    dtype: dtype.name().into(),
+                    mode,
+                    algo: "sync_floor".into(),
+                    kernel: "sync_floor".into(),
+                    placement: self.placement.name().into(),
+                    world: comms.len(),
+                    blocks: Some(blocks),
+                    size_bytes: bytes,
+                    count: len,
+                    time_us: m.stats.median,
+                    p10_us: m.stats.p10,
+                    p90_us: m.stats.p90,
+                    samples: m.samples,
+                    empty_us: Some(e.stats.median),
+                    host_us: m.host_us,
+                    empty_host_us: Some(e.host_us),
+                    ..Row::default()
+                }
+                .with_derived(),
+            );
         }
         Ok(())
     }

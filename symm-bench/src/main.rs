@@ -184,7 +184,7 @@ fn run(args: &Args) -> Result<ExitCode, Stop> {
     meta.estimated_duration_s = Some(plan.estimate(args.world).as_secs_f64());
 
     let with_nccl = plan.algos.contains(&AlgoChoice::Nccl);
-    let mut bench = Bench::new(ctxs, placement, capacity, with_nccl)
+    let mut bench = Bench::new(ctxs, placement, plan.config(capacity), with_nccl)
         .map_err(|e| Stop::Failed(format!("setup failed: {e}")))?;
     meta.placement = placement.name().into();
     meta.devices = bench.device_names();
