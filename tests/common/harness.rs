@@ -109,6 +109,8 @@ pub fn nccl_missing() -> Option<String> {
 #[derive(Default)]
 struct Tally {
     ran: AtomicUsize,
+    /// Tests that failed under REQUIRE_GPU=1 because they could not run.
+    refused: AtomicUsize,
     reasons: Mutex<Vec<String>>,
 }
 
@@ -116,6 +118,7 @@ impl Tally {
     /// A skip (ignored, with the reason) or, under REQUIRE_GPU=1, a failure.
     fn cannot_run(&self, reason: String) -> Result<Completion, Failed> {
         if gpu_required() {
+            self.refused.fetch_add(1, Ordering::Relaxed);
             return Err(format!("REQUIRE_GPU=1 but this test cannot run: {reason}").into());
         }
         let mut reasons = self.reasons.lock().unwrap_or_else(|p| p.into_inner());
@@ -200,7 +203,10 @@ pub fn run(file: &str, tests: Vec<Test>) -> ExitCode {
         let ran = tally.ran.load(Ordering::Relaxed);
         let reasons = tally.reasons.lock().unwrap_or_else(|p| p.into_inner());
         let skipped = conclusion.num_ignored as usize;
-        if skipped == 0 {
+        let refused = tally.refused.load(Ordering::Relaxed);
+        if refused > 0 {
+            println!("{file}: GPU tests: {ran} of {gpu_selected} ran, {refused} FAILED because REQUIRE_GPU=1 and they cannot run\n");
+        } else if skipped == 0 {
             println!("{file}: GPU tests: {ran} of {gpu_selected} ran, 0 skipped\n");
         } else {
             println!(
