@@ -245,6 +245,32 @@ pub enum Error {
         reason: String,
     },
 
+    /// A tuning table could not be used: unreadable, another format version, an unknown
+    /// algorithm, dtype or world, thresholds that decrease, or a missing field.
+    #[error("tuning table {table} {problem}")]
+    InvalidTuning {
+        /// The file, or how the table was given.
+        table: String,
+        /// What is wrong, and what to do about it.
+        problem: crate::config::TuningProblem,
+    },
+
+    /// The ranks do not use the same tuning table; every rank returns this at setup.
+    #[error(
+        "rank {rank} routes with {theirs}, but this rank with {ours}: every rank must use the same table. \
+         Point {env} at the same file on every rank (or pass the same table to Config::with_tuning \
+         everywhere, or unset it everywhere)",
+        env = crate::config::TUNING_ENV
+    )]
+    TuningMismatch {
+        /// A rank whose table differs from this rank's.
+        rank: usize,
+        /// This rank's table (`tuning table <digest>` or the published starting points).
+        ours: String,
+        /// That rank's.
+        theirs: String,
+    },
+
     /// The bootstrap channel could not be set up here (socket, address, or OS error).
     #[error("bootstrap failed on this rank: {reason}")]
     Bootstrap {
