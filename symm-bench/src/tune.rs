@@ -337,6 +337,59 @@ pub fn rfc3339(secs: u64) -> String {
     )
 }
 
+/// Builds the table from the rows so far and writes it to `out` (after every world, so that
+/// a run cut short keeps what it measured). Returns the table, what was found, and the
+/// placement label.
+fn write_table(
+    out: &Path,
+    rows: &[Row],
+    dtypes: &[DType],
+    placements: &[(usize, Placement)],
+    sizes: &[usize],
+    device_names: &[String],
+) -> Result<(TuningTable, Vec<FoundFor>, String), Stop> {
+    let worlds: Vec<usize> = placements.iter().map(|&(w, _)| w).collect();
+    let virtual_worlds: Vec<String> = placements
+        .iter()
+        .filter(|(_, p)| matches!(p, Placement::Virtual { .. }))
+        .map(|(w, _)| w.to_string())
+        .collect();
+    let placement = match (virtual_worlds.len(), placements.len()) {
+        (0, _) => "per_gpu".to_string(),
+        (v, n) if v == n => "virtual".to_string(),
+        _ => format!("per_gpu, virtual at W={}", virtual_worlds.join(",")),
+    };
+    let mut note = format!(
+        "symm-bench --tune: graph_amortised medians, {:.0}% hysteresis; sizes {}..{}",
+        HYSTERESIS * 100.0,
+        format_size(sizes[0]),
+        format_size(*sizes.last().unwrap_or(&0))
+    );
+    if !virtual_worlds.is_empty() {
+        note += &format!(
+            "; W={} ran as virtual ranks (all ranks on one GPU): those crossovers reflect one GPU's memory \
+             and launch costs, not NVLink, and NCCL (which refuses two ranks on one device) was not measured",
+            virtual_worlds.join(",")
+        );
+    }
+    let measured = Measured {
+        device: device_names.join(", "),
+        driver: driver_version(),
+        date: utc_now(),
+        crate_version: symm_allreduce::VERSION.to_string(),
+        placement: placement.clone(),
+        note,
+    };
+    let (table, found) = table_from_rows(rows, dtypes, &worlds, measured)
+        .map_err(|e| Stop::Failed(format!("the measured crossovers do not make a table: {e}")))?;
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| Stop::Failed(format!("{}: {e}", dir.display())))?;
+    }
+    std::fs::write(out, table.to_json()).map_err(|e| Stop::Failed(format!("{}: {e}", out.display())))?;
+
+    Ok((table, found, placement))
+}
+
 /// `--tune OUT`: measure, write the table and the raw rows, print the summary.
 pub fn run(args: &Args, out: &Path) -> Result<ExitCode, Stop> {
     let count = symm_allreduce::device_count().map_err(Stop::NoGpu)?;
@@ -472,46 +525,14 @@ pub fn run(args: &Args, out: &Path) -> Result<ExitCode, Stop> {
             );
         }
         drop(bench);
+        write_table(out, &rows, &dtypes, &placements, &sizes, &device_names)?;
+        meta.failures = failures.clone();
+        if let Err(e) = report::write_files(&args.out, &meta, &rows) {
+            eprintln!("symm-bench: cannot write results to {}: {e}", args.out.display());
+        }
     }
 
-    let virtual_worlds: Vec<String> = placements
-        .iter()
-        .filter(|(_, p)| matches!(p, Placement::Virtual { .. }))
-        .map(|(w, _)| w.to_string())
-        .collect();
-    let placement = match (virtual_worlds.len(), placements.len()) {
-        (0, _) => "per_gpu".to_string(),
-        (v, n) if v == n => "virtual".to_string(),
-        _ => format!("per_gpu, virtual at W={}", virtual_worlds.join(",")),
-    };
-    let mut note = format!(
-        "symm-bench --tune: graph_amortised medians, {:.0}% hysteresis; sizes {}..{}",
-        HYSTERESIS * 100.0,
-        format_size(sizes[0]),
-        format_size(*sizes.last().unwrap_or(&0))
-    );
-    if !virtual_worlds.is_empty() {
-        note += &format!(
-            "; W={} ran as virtual ranks (all ranks on one GPU): those crossovers reflect one GPU's memory \
-             and launch costs, not NVLink, and NCCL (which refuses two ranks on one device) was not measured",
-            virtual_worlds.join(",")
-        );
-    }
-    let measured = Measured {
-        device: device_names.join(", "),
-        driver: driver_version(),
-        date: utc_now(),
-        crate_version: symm_allreduce::VERSION.to_string(),
-        placement: placement.clone(),
-        note,
-    };
-    let (table, found) = table_from_rows(&rows, &dtypes, &worlds, measured)
-        .map_err(|e| Stop::Failed(format!("the measured crossovers do not make a table: {e}")))?;
-    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| Stop::Failed(format!("{}: {e}", dir.display())))?;
-    }
-    std::fs::write(out, table.to_json()).map_err(|e| Stop::Failed(format!("{}: {e}", out.display())))?;
-
+    let (table, found, placement) = write_table(out, &rows, &dtypes, &placements, &sizes, &device_names)?;
     meta.placement = placement;
     meta.devices = device_names;
     meta.capacity_bytes = sizes.last().copied().unwrap_or(0);
