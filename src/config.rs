@@ -1,11 +1,20 @@
-//! Communicator settings: [`Config`], [`Algorithm`], their validation, and the fingerprint
-//! every rank compares at setup. Every rank must use the same values.
+//! Communicator settings: [`Config`], [`Algorithm`], their validation, the thresholds
+//! `Auto` routes by (published, or from a measured [`TuningTable`] in [`tuning`]), and the
+//! fingerprint every rank compares at setup. Every rank must use the same values.
 
+mod tuning;
+
+use std::ffi::OsString;
 use std::time::Duration;
 
+pub use tuning::{
+    Crossovers, Measured, TuningProblem, TuningTable, TUNING_ENV, TUNING_FORMAT, TUNING_VERSION, VERSION,
+};
+
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::abi::{MAX_BLOCKS, MAX_RANKS};
-use crate::wire::Writer;
+use crate::wire::{Reader, Writer};
 
 /// Which all-reduce to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -72,21 +81,24 @@ pub struct Config {
     pub capacity_bytes: usize,
     /// Algorithm used when a call does not force one.
     pub algorithm: Algorithm,
-    /// `Auto` uses one-shot up to this many bytes (inclusive). `None`: the published
-    /// crossovers, 512 KiB for 4 or fewer ranks and 256 KiB above.
+    /// `Auto` uses one-shot up to this many bytes (inclusive). `None`: the tuning table's
+    /// crossover for the call's dtype and world, else the published crossovers, 512 KiB for 4
+    /// or fewer ranks and 256 KiB above.
     pub one_shot_max_bytes: Option<usize>,
     /// Most blocks one rank launches (1..=64). Fewer may be used where the device cannot
     /// keep every rank's blocks resident at once.
     pub max_blocks_per_rank: usize,
     /// `Auto` uses the barrier-free low-latency kernel up to this many bytes (inclusive;
-    /// 0 turns it off). Each rank reserves `3·W` times this for its slots.
+    /// 0 turns it off) for a (dtype, world) that the tuning table does not name. Each rank
+    /// reserves `3·W` times [`Config::low_latency_limit`] for its slots.
     pub low_latency_max_bytes: usize,
     /// Bound on every wait for a peer. Expiry poisons the communicator and surfaces as
     /// [`Error::PeerTimeout`].
     pub timeout: Duration,
     /// With an NCCL fallback, `Auto` calls of more than this many bytes go to NCCL. `None`:
-    /// only calls above `capacity_bytes` do. Without a fallback this is ignored (the kernels
-    /// take every call that fits `capacity_bytes`; [`crate::Communicator::path`] says so).
+    /// the tuning table's `two_shot` maximum for the call's dtype and world where it has one,
+    /// else only calls above `capacity_bytes` do. Without a fallback this is ignored (the
+    /// kernels take every call that fits `capacity_bytes`; [`crate::Communicator::path`] says so).
     pub nccl_above_bytes: Option<usize>,
     /// `false`: never set up the symmetric workspace; every call goes to the NCCL fallback
     /// (which the communicator must then have). For measuring NCCL behind the same API, and
@@ -103,6 +115,27 @@ pub struct Config {
     /// number) with every peer's; a mismatch is [`crate::Error::Diverged`] on every rank, naming
     /// both calls, and poisons the communicator. Costs one extra flag exchange per call.
     pub check_divergence: bool,
+    /// `Auto`'s crossovers as measured on this machine (`symm-bench --tune` writes the
+    /// table). `None`: the published starting points, unless the environment variable
+    /// `SYMM_ALLREDUCE_TUNING` ([`TUNING_ENV`]) names a table file, which setup then loads
+    /// on every rank. The explicit fields above (`one_shot_max_bytes`, `nccl_above_bytes`)
+    /// win over the table. Every rank must use the same table: setup compares their digests
+    /// and fails on every rank with [`Error::TuningMismatch`] when they differ.
+    pub tuning: Option<TuningTable>,
+}
+
+/// The thresholds `Auto` routes one (dtype, world) by, resolved from the configuration and
+/// the tuning table: plain numbers, found by an index (no allocation on the call path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Thresholds {
+    /// Low-latency up to this (already capped by the slots).
+    pub(crate) low_latency_max: usize,
+    /// One-shot up to this.
+    pub(crate) one_shot_max: usize,
+    /// NCCL above this, with a fallback.
+    pub(crate) nccl_above: Option<usize>,
+    /// Whether the tuning table has an entry for this (dtype, world).
+    pub(crate) tuned: bool,
 }
 
 /// Environment variable: `1` turns [`Config::check_divergence`] on. Read by every rank at
@@ -122,7 +155,17 @@ impl Default for Config {
             peer_kernels: true,
             pdl: true,
             check_divergence: false,
+            tuning: None,
         }
+    }
+}
+
+/// The published one-shot crossover (bytes, inclusive) for a world size.
+const fn published_one_shot_max(world: usize) -> usize {
+    if world <= 4 {
+        512 << 10
+    } else {
+        256 << 10
     }
 }
 
@@ -162,15 +205,137 @@ impl Config {
         Ok(())
     }
 
-    /// Largest message the low-latency kernel takes (its slots never exceed the capacity).
+    /// Largest message the low-latency kernel takes, and the size of its slots:
+    /// `low_latency_max_bytes` or the tuning table's largest low-latency threshold, whichever
+    /// is larger, never above the capacity.
     pub fn low_latency_limit(&self) -> usize {
-        self.low_latency_max_bytes.min(self.capacity_bytes)
+        let table = self.tuning.as_ref().map_or(0, TuningTable::max_low_latency_bytes);
+        self.low_latency_max_bytes.max(table).min(self.capacity_bytes)
     }
 
-    /// The `Auto` crossover for a world size.
-    pub fn one_shot_limit(&self, world: usize) -> usize {
-        self.one_shot_max_bytes
-            .unwrap_or(if world <= 4 { 512 << 10 } else { 256 << 10 })
+    /// The `Auto` one-shot crossover for a dtype and world size (explicit field, else the
+    /// tuning table, else the published value).
+    pub fn one_shot_limit(&self, dtype: DType, world: usize) -> usize {
+        self.thresholds(dtype, world).one_shot_max
+    }
+
+    /// Uses a measured tuning table for `Auto` (see [`Config::tuning`]). The low-latency
+    /// slots grow to hold the table's largest low-latency threshold
+    /// ([`Config::low_latency_limit`]).
+    pub fn with_tuning(mut self, table: TuningTable) -> Config {
+        self.tuning = Some(table);
+        self
+    }
+
+    /// [`Config::with_tuning`] with the table in a file ([`TuningTable::load`]).
+    pub fn with_tuning_file(self, path: impl AsRef<std::path::Path>) -> Result<Config> {
+        Ok(self.with_tuning(TuningTable::load(path)?))
+    }
+
+    /// Setup's first step: without a table, loads the one `SYMM_ALLREDUCE_TUNING` names (if
+    /// set and not empty). A file that cannot be used fails setup on every rank.
+    pub(crate) fn load_tuning_from_env(&mut self) -> Result<()> {
+        self.apply_env_tuning(std::env::var_os(TUNING_ENV))
+    }
+
+    fn apply_env_tuning(&mut self, value: Option<OsString>) -> Result<()> {
+        match value {
+            Some(path) if self.tuning.is_none() && !path.is_empty() => {
+                *self = std::mem::take(self).with_tuning(TuningTable::load(path)?);
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The thresholds `Auto` uses for one (dtype, world). Pure and allocation-free: the table
+    /// was resolved into a dense array when it was built.
+    pub(crate) fn thresholds(&self, dtype: DType, world: usize) -> Thresholds {
+        let entry = self.tuning.as_ref().and_then(|t| t.get(dtype, world));
+        Thresholds {
+            low_latency_max: entry
+                .map_or(self.low_latency_max_bytes, |e| e.low_latency_max_bytes)
+                .min(self.capacity_bytes),
+            one_shot_max: self
+                .one_shot_max_bytes
+                .or(entry.map(|e| e.one_shot_max_bytes))
+                .unwrap_or(published_one_shot_max(world)),
+            nccl_above: self.nccl_above_bytes.or(entry.and_then(|e| e.two_shot_max_bytes)),
+            tuned: entry.is_some(),
+        }
+    }
+
+    /// Which tuning table is in force, for `describe`: the published starting points, or the
+    /// table's origin, digest and provenance, and the thresholds of each dtype at `world`.
+    pub(crate) fn tuning_summary(&self, world: usize) -> String {
+        let mut s = match &self.tuning {
+            None => format!(
+                "tuning: published starting points (no table; set {TUNING_ENV} or Config::with_tuning to use \
+                 one measured by `symm-bench --tune`)"
+            ),
+            Some(t) => {
+                let m = t.measured();
+                format!(
+                    "tuning: table {} (digest {}), measured on {} (driver {}, {} ranks) at {} by symm-allreduce {}",
+                    t.origin()
+                        .map_or_else(|| "given in memory".to_string(), |p| p.display().to_string()),
+                    digest_hex(t.digest()),
+                    m.device,
+                    m.driver,
+                    m.placement,
+                    m.date,
+                    m.crate_version
+                )
+            }
+        };
+        s += &format!("\n  Auto at W={world}:");
+        for dtype in DType::ALL {
+            let th = self.thresholds(dtype, world);
+            s += &format!(
+                " {dtype} low-latency <= {}, one-shot <= {}, NCCL above {}{};",
+                th.low_latency_max,
+                th.one_shot_max,
+                th.nccl_above
+                    .map_or_else(|| "capacity".to_string(), |n| n.to_string()),
+                match (&self.tuning, th.tuned) {
+                    (None, _) => "",
+                    (Some(_), true) => " (table)",
+                    (Some(_), false) => " (not in the table: published)",
+                }
+            );
+        }
+        s.pop();
+        s
+    }
+}
+
+/// A table digest as text (16 hex digits).
+pub(crate) fn digest_hex(digest: u64) -> String {
+    format!("{digest:016x}")
+}
+
+/// How a rank's tuning table is named in [`Error::TuningMismatch`], from its digest (0: no
+/// table).
+pub(crate) fn tuning_label(digest: u64) -> String {
+    if digest == 0 {
+        "the published starting points (no tuning table)".to_string()
+    } else {
+        format!("tuning table {}", digest_hex(digest))
+    }
+}
+
+/// The tuning digests in two fingerprints, when they differ (`None`: the same table, or a
+/// fingerprint that does not parse).
+pub(crate) fn tuning_disagreement(ours: &[u8], theirs: &[u8]) -> Option<(u64, u64)> {
+    let digest = |f: &[u8]| {
+        let mut r = Reader::new(f);
+        let _rest: Vec<u8> = r.take()?;
+        let d: u64 = r.take()?;
+        r.is_empty().then_some(d)
+    };
+    match (digest(ours)?, digest(theirs)?) {
+        (a, b) if a != b => Some((a, b)),
+        _ => None,
     }
 }
 
@@ -187,8 +352,10 @@ pub fn validate_world(world: usize) -> Result<()> {
 }
 
 impl Config {
-    /// The bytes every rank compares at setup. Built by destructuring, so a field added to
-    /// `Config` does not compile until it is part of the comparison.
+    /// The bytes every rank compares at setup: the fields, then the tuning table's digest (0
+    /// without a table), so that [`tuning_disagreement`] can tell a table mismatch apart.
+    /// Built by destructuring, so a field added to `Config` does not compile until it is part
+    /// of the comparison.
     pub(crate) fn fingerprint(&self) -> Vec<u8> {
         let Config {
             capacity_bytes,
@@ -201,6 +368,7 @@ impl Config {
             peer_kernels,
             pdl,
             check_divergence,
+            tuning,
         } = self;
         let mut w = Writer::with_capacity(64);
         w.put(capacity_bytes)
@@ -213,7 +381,12 @@ impl Config {
             .put(peer_kernels)
             .put(pdl)
             .put(check_divergence);
-        w.finish()
+        let fields = w.finish();
+        let digest = tuning.as_ref().map_or(0u64, TuningTable::digest);
+        Writer::with_capacity(fields.len() + 16)
+            .put(&fields)
+            .put(&digest)
+            .finish()
     }
 }
 
@@ -295,11 +468,194 @@ mod tests {
                 check_divergence: true,
                 ..base.clone()
             },
+            base.clone().with_tuning(test_table(1 << 20)),
         ];
         for v in &variants {
             assert_ne!(v.fingerprint(), base.fingerprint(), "{v:?}");
         }
         assert_eq!(base.fingerprint(), Config::default().fingerprint());
+        // Two tables that differ in one threshold differ in the fingerprint, and only there.
+        let a = base.clone().with_tuning(test_table(1 << 20)).fingerprint();
+        let b = base.clone().with_tuning(test_table(2 << 20)).fingerprint();
+        let (da, db) = tuning_disagreement(&a, &b).unwrap();
+        assert_ne!(da, db);
+        assert!(da != 0 && db != 0);
+        assert_eq!(tuning_disagreement(&a, &a), None);
+        assert_eq!(tuning_disagreement(&base.fingerprint(), &a).unwrap().0, 0);
+        // Another field differs: no tuning disagreement to report.
+        let other = Config {
+            capacity_bytes: 1 << 20,
+            ..base.clone()
+        };
+        assert_eq!(
+            tuning_disagreement(&base.fingerprint(), &other.fingerprint()),
+            None
+        );
+        assert_eq!(tuning_disagreement(&[1, 2, 3], &a), None);
+    }
+
+    /// A table with one entry, bf16 at W=8: low-latency up to 64 KiB, one-shot up to
+    /// `one_shot`, two-shot up to 4 MiB, NCCL above.
+    pub(crate) fn test_table(one_shot: usize) -> TuningTable {
+        TuningTable::new(
+            Measured {
+                device: "Test GPU".into(),
+                driver: "1".into(),
+                date: "2026-12-03T00:00:00Z".into(),
+                crate_version: VERSION.into(),
+                placement: "virtual".into(),
+                note: String::new(),
+            },
+            vec![Crossovers {
+                dtype: DType::BF16,
+                world: 8,
+                low_latency_max_bytes: 64 << 10,
+                one_shot_max_bytes: one_shot,
+                two_shot_max_bytes: Some(4 << 20),
+            }],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn thresholds_come_from_the_fields_then_the_table_then_the_published_values() {
+        let published = Config::default();
+        let th = published.thresholds(DType::BF16, 8);
+        assert_eq!(
+            (th.low_latency_max, th.one_shot_max, th.nccl_above, th.tuned),
+            (32 << 10, 256 << 10, None, false)
+        );
+        assert_eq!(published.thresholds(DType::F32, 4).one_shot_max, 512 << 10);
+        assert_eq!(published.one_shot_limit(DType::F16, 2), 512 << 10);
+
+        let tuned = Config::default().with_tuning(test_table(1 << 20));
+        // The slots grow to hold the table's low-latency threshold.
+        assert_eq!(tuned.low_latency_limit(), 64 << 10);
+        assert_eq!(published.low_latency_limit(), 32 << 10);
+        let th = tuned.thresholds(DType::BF16, 8);
+        assert_eq!(
+            (th.low_latency_max, th.one_shot_max, th.nccl_above, th.tuned),
+            (64 << 10, 1 << 20, Some(4 << 20), true)
+        );
+        // Not in the table: the published values (other dtype, other world), the slots'
+        // growth notwithstanding.
+        let f16 = tuned.thresholds(DType::F16, 8);
+        assert_eq!(
+            (f16.low_latency_max, f16.one_shot_max, f16.nccl_above, f16.tuned),
+            (32 << 10, 256 << 10, None, false)
+        );
+        assert_eq!(tuned.thresholds(DType::BF16, 4).one_shot_max, 512 << 10);
+        // Explicit fields win over the table.
+        let explicit = Config {
+            one_shot_max_bytes: Some(100 << 10),
+            nccl_above_bytes: Some(8 << 20),
+            ..tuned.clone()
+        };
+        let th = explicit.thresholds(DType::BF16, 8);
+        assert_eq!(
+            (th.low_latency_max, th.one_shot_max, th.nccl_above),
+            (64 << 10, 100 << 10, Some(8 << 20))
+        );
+        // Larger configured slots stay; the capacity caps everything.
+        let big = Config {
+            low_latency_max_bytes: 1 << 20,
+            ..Config::default()
+        }
+        .with_tuning(test_table(1 << 20));
+        assert_eq!(big.low_latency_limit(), 1 << 20);
+        assert_eq!(big.thresholds(DType::BF16, 8).low_latency_max, 64 << 10);
+        assert_eq!(big.thresholds(DType::F16, 8).low_latency_max, 1 << 20);
+        let small = Config {
+            capacity_bytes: 4096,
+            ..tuned.clone()
+        };
+        assert_eq!(small.low_latency_limit(), 4096);
+        assert_eq!(small.thresholds(DType::BF16, 8).low_latency_max, 4096);
+    }
+
+    #[test]
+    fn the_environment_variable_loads_a_table_only_without_one() {
+        let dir = std::env::temp_dir().join(format!("symm-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("table.json");
+        std::fs::write(&path, test_table(1 << 20).to_json()).unwrap();
+
+        let mut c = Config::default();
+        c.apply_env_tuning(Some(path.clone().into())).unwrap();
+        let t = c.tuning.as_ref().unwrap();
+        assert_eq!(t.origin(), Some(path.as_path()));
+        assert_eq!(t.digest(), test_table(1 << 20).digest());
+        assert_eq!(c.low_latency_limit(), 64 << 10);
+
+        // An explicit table wins; unset or empty changes nothing.
+        let mut explicit = Config::default().with_tuning(test_table(2 << 20));
+        let before = explicit.clone();
+        explicit.apply_env_tuning(Some(path.clone().into())).unwrap();
+        assert_eq!(explicit, before);
+        let mut plain = Config::default();
+        plain.apply_env_tuning(None).unwrap();
+        plain.apply_env_tuning(Some(OsString::new())).unwrap();
+        assert_eq!(plain, Config::default());
+
+        // A file that cannot be used is a typed error naming it.
+        let bad = dir.join("bad.json");
+        std::fs::write(
+            &bad,
+            test_table(1 << 20)
+                .to_json()
+                .replace("\"version\": 1", "\"version\": 7"),
+        )
+        .unwrap();
+        let e = Config::default().apply_env_tuning(Some(bad.into())).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidTuning { problem: TuningProblem::WrongVersion { found: 7, .. }, table } if table.ends_with("bad.json")),
+            "{e}"
+        );
+        assert!(matches!(
+            Config::default().apply_env_tuning(Some(dir.join("none.json").into())),
+            Err(Error::InvalidTuning {
+                problem: TuningProblem::Io { .. },
+                ..
+            })
+        ));
+        assert!(Config::default().with_tuning_file(dir.join("none.json")).is_err());
+        assert_eq!(
+            Config::default()
+                .with_tuning_file(&path)
+                .unwrap()
+                .tuning
+                .unwrap()
+                .origin(),
+            Some(path.as_path())
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_summary_names_the_table_in_force() {
+        let s = Config::default().tuning_summary(8);
+        assert!(s.starts_with("tuning: published starting points"), "{s}");
+        assert!(
+            s.contains("bf16 low-latency <= 32768, one-shot <= 262144, NCCL above capacity"),
+            "{s}"
+        );
+        let t = test_table(1 << 20);
+        let s = Config::default().with_tuning(t.clone()).tuning_summary(8);
+        assert!(s.contains(&format!("digest {}", digest_hex(t.digest()))), "{s}");
+        assert!(
+            s.contains("measured on Test GPU (driver 1, virtual ranks)"),
+            "{s}"
+        );
+        assert!(
+            s.contains("bf16 low-latency <= 65536, one-shot <= 1048576, NCCL above 4194304 (table)"),
+            "{s}"
+        );
+        assert!(
+            s.contains("f16 low-latency <= 32768, one-shot <= 262144, NCCL above capacity (not in the table: published)"),
+            "{s}"
+        );
+        assert!(tuning_label(0).contains("published"));
+        assert!(tuning_label(t.digest()).contains(&digest_hex(t.digest())));
     }
 
     #[test]

@@ -267,6 +267,32 @@ pub enum Error {
         reason: String,
     },
 
+    /// A tuning table could not be used: unreadable, another format version, an unknown
+    /// algorithm, dtype or world, thresholds that decrease, or a missing field.
+    #[error("tuning table {table} {problem}")]
+    InvalidTuning {
+        /// The file, or how the table was given.
+        table: String,
+        /// What is wrong, and what to do about it.
+        problem: crate::config::TuningProblem,
+    },
+
+    /// The ranks do not use the same tuning table; every rank returns this at setup.
+    #[error(
+        "rank {rank} routes with {theirs}, but this rank with {ours}: every rank must use the same table. \
+         Point {env} at the same file on every rank (or pass the same table to Config::with_tuning \
+         everywhere, or unset it everywhere)",
+        env = crate::config::TUNING_ENV
+    )]
+    TuningMismatch {
+        /// A rank whose table differs from this rank's.
+        rank: usize,
+        /// This rank's table (`tuning table <digest>` or the published starting points).
+        ours: String,
+        /// That rank's.
+        theirs: String,
+    },
+
     /// The bootstrap channel could not be set up here (socket, address, or OS error).
     #[error("bootstrap failed on this rank: {reason}")]
     Bootstrap {
@@ -335,7 +361,7 @@ mod tests {
     /// Number of `Error` variants; `variant` below matches them exhaustively, so a new
     /// variant does not compile until it gets an index here, and the test fails until
     /// `every_error` constructs it.
-    const VARIANTS: usize = 24;
+    const VARIANTS: usize = 26;
 
     /// A stable index per variant and the text its message must contain to say what to do
     /// (`None` where the message carries the cause only).
@@ -365,6 +391,8 @@ mod tests {
             Error::PeerRefused { .. } => (21, None),
             Error::Bootstrap { .. } => (22, None),
             Error::Diverged { .. } => (23, Some("every rank must make the same calls")),
+            Error::InvalidTuning { .. } => (24, None),
+            Error::TuningMismatch { .. } => (25, Some("every rank must use the same table")),
         }
     }
 
@@ -449,6 +477,18 @@ mod tests {
                 peer: 2,
                 this_call: "one_shot of 1000 f32 elements".into(),
                 peer_call: "one_shot of 1001 f32 elements".into(),
+            },
+            Error::InvalidTuning {
+                table: "tuning.json".into(),
+                problem: crate::config::TuningProblem::WrongVersion {
+                    found: 9,
+                    supported: 1,
+                },
+            },
+            Error::TuningMismatch {
+                rank: 1,
+                ours: "the published starting points".into(),
+                theirs: "tuning table 0123abcd".into(),
             },
         ]
     }

@@ -54,7 +54,10 @@ pub use bootstrap::{
     Bootstrap, LocalHub, NcclBootstrap, PeerCheck, PeerCredentials, SocketStore, StoreAddress, StoreOptions,
 };
 pub use communicator::{Communicator, LOG_ENV};
-pub use config::{validate_world, Algorithm, Config, CHECK_ENV};
+pub use config::{
+    validate_world, Algorithm, Config, Crossovers, Measured, TuningProblem, TuningTable, CHECK_ENV,
+    TUNING_ENV, TUNING_FORMAT, TUNING_VERSION, VERSION,
+};
 pub use driver::probe::{context, device_count};
 pub use dtype::{DType, Element};
 pub use error::{BarrierPhase, Error, Result};

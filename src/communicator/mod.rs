@@ -319,6 +319,8 @@ impl Communicator {
             (Err(_), Some(why)) => format!("NCCL fallback: none ({why})\n"),
             (Err(_), None) => "NCCL fallback: none\n".to_string(),
         };
+        s += &self.config.tuning_summary(self.world);
+        s.push('\n');
         let sizes = [
             4usize << 10,
             64 << 10,

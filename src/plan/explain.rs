@@ -33,8 +33,9 @@ pub(crate) fn explain(
     facts: PathFacts<'_>,
 ) -> PathDecision {
     let bytes = route.bytes;
-    let limit = config.one_shot_limit(facts.world);
-    let ll_limit = config.low_latency_limit();
+    let th = config.thresholds(route.dtype, facts.world);
+    let (limit, ll_limit) = (th.one_shot_max, th.low_latency_max);
+    let from_table = if th.tuned { " from the tuning table" } else { "" };
     let algorithm = route.algorithm();
     let mut reason = match route.rule {
         Rule::NcclAskedFor => "Algorithm::Nccl was asked for".to_string(),
@@ -43,20 +44,23 @@ pub(crate) fn explain(
             "the peer kernels are not set up: {}",
             facts.peer_kernels.err().unwrap_or("unknown reason")
         ),
-        Rule::AboveNcclThreshold => format!(
-            "{bytes} bytes > nccl_above_bytes ({})",
-            config.nccl_above_bytes.unwrap_or(0)
-        ),
+        Rule::AboveNcclThreshold => match config.nccl_above_bytes {
+            Some(n) => format!("{bytes} bytes > nccl_above_bytes ({n})"),
+            None => format!(
+                "{bytes} bytes > the tuning table's two-shot maximum ({})",
+                th.nccl_above.unwrap_or(0)
+            ),
+        },
         Rule::AboveCapacity => format!(
             "{bytes} bytes exceed the symmetric capacity ({} bytes)",
             config.capacity_bytes
         ),
         Rule::Symmetric => "symmetric-buffer call: zero-copy in-place two-shot".to_string(),
         Rule::Size => match algorithm {
-            Algorithm::LowLatency => format!("{bytes} bytes <= low-latency limit ({ll_limit})"),
+            Algorithm::LowLatency => format!("{bytes} bytes <= low-latency limit ({ll_limit}{from_table})"),
             _ if facts.world == 1 => "one rank: one-shot copy".to_string(),
-            Algorithm::OneShot => format!("{bytes} bytes <= one-shot limit ({limit})"),
-            _ => format!("{bytes} bytes > one-shot limit ({limit})"),
+            Algorithm::OneShot => format!("{bytes} bytes <= one-shot limit ({limit}{from_table})"),
+            _ => format!("{bytes} bytes > one-shot limit ({limit}{from_table})"),
         },
         Rule::Configured => format!("Config::algorithm is {}", config.algorithm),
         Rule::AskedFor => format!("{requested} was asked for"),
@@ -64,7 +68,7 @@ pub(crate) fn explain(
     if route.threshold_ignored {
         reason += &format!(
             "; nccl_above_bytes ({}) is ignored: {}",
-            config.nccl_above_bytes.unwrap_or(0),
+            th.nccl_above.unwrap_or(0),
             facts.nccl.err().unwrap_or("there is no NCCL fallback")
         );
     }
@@ -250,6 +254,112 @@ mod tests {
         )
         .unwrap();
         assert_eq!(r.target, Target::Nccl);
+    }
+
+    /// bf16 at W=8: low-latency up to 64 KiB, one-shot up to 1 MiB, two-shot up to 4 MiB.
+    fn measured_table() -> crate::config::TuningTable {
+        use crate::config::{Crossovers, Measured, TuningTable};
+        TuningTable::from_json(
+            &TuningTable::new(
+                Measured::default(),
+                vec![Crossovers {
+                    dtype: DType::BF16,
+                    world: 8,
+                    low_latency_max_bytes: 64 << 10,
+                    one_shot_max_bytes: 1 << 20,
+                    two_shot_max_bytes: Some(4 << 20),
+                }],
+            )
+            .unwrap()
+            .to_json(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_loaded_table_changes_autos_choice() {
+        let published = Config::default();
+        let tuned = Config::default().with_tuning(measured_table());
+        let w8 = PathFacts {
+            world: 8,
+            ..facts(Ok(()), Ok(()))
+        };
+        let algo = |c: &Config, bytes: usize, dtype: DType| {
+            decide_path(bytes / dtype.size(), dtype, c, Algorithm::Auto, w8).unwrap()
+        };
+        // (bytes, published choice, choice with the table): every size flips.
+        for (bytes, before, after) in [
+            (48 << 10, Algorithm::OneShot, Algorithm::LowLatency),
+            (512 << 10, Algorithm::TwoShot, Algorithm::OneShot),
+            (1 << 20, Algorithm::TwoShot, Algorithm::OneShot),
+            (8 << 20, Algorithm::TwoShot, Algorithm::Nccl),
+        ] {
+            assert_eq!(algo(&published, bytes, DType::BF16).algorithm, before, "{bytes}");
+            let p = algo(&tuned, bytes, DType::BF16);
+            assert_eq!(p.algorithm, after, "{bytes}: {p}");
+            if after != Algorithm::Nccl {
+                assert!(p.reason.contains("from the tuning table"), "{p}");
+            } else {
+                assert!(
+                    p.reason.contains("tuning table's two-shot maximum (4194304)"),
+                    "{p}"
+                );
+            }
+        }
+        // At the thresholds themselves the lower algorithm still runs.
+        assert_eq!(
+            algo(&tuned, 64 << 10, DType::BF16).algorithm,
+            Algorithm::LowLatency
+        );
+        assert_eq!(
+            algo(&tuned, (64 << 10) + 2, DType::BF16).algorithm,
+            Algorithm::OneShot
+        );
+        assert_eq!(algo(&tuned, 4 << 20, DType::BF16).algorithm, Algorithm::TwoShot);
+        // Entries the table does not have keep the published rule: f16 at W=8, bf16 at W=4.
+        for bytes in [48 << 10, 512 << 10, 8 << 20] {
+            assert_eq!(
+                algo(&tuned, bytes, DType::F16).algorithm,
+                algo(&published, bytes, DType::F16).algorithm
+            );
+            let w4 = PathFacts { world: 4, ..w8 };
+            assert_eq!(
+                decide_path(bytes / 2, DType::BF16, &tuned, Algorithm::Auto, w4)
+                    .unwrap()
+                    .algorithm,
+                decide_path(bytes / 2, DType::BF16, &published, Algorithm::Auto, w4)
+                    .unwrap()
+                    .algorithm,
+            );
+        }
+        // Explicit fields win over the table; forced algorithms ignore it.
+        let overridden = Config {
+            one_shot_max_bytes: Some(256 << 10),
+            nccl_above_bytes: Some(64 << 20),
+            ..tuned.clone()
+        };
+        assert_eq!(
+            algo(&overridden, 512 << 10, DType::BF16).algorithm,
+            Algorithm::TwoShot
+        );
+        assert_eq!(
+            algo(&overridden, 8 << 20, DType::BF16).algorithm,
+            Algorithm::TwoShot
+        );
+        assert_eq!(
+            decide_path(100, DType::BF16, &tuned, Algorithm::TwoShot, w8)
+                .unwrap()
+                .algorithm,
+            Algorithm::TwoShot
+        );
+        // Without a fallback the table's NCCL threshold is ignored, and the reason says so.
+        let no_nccl = PathFacts {
+            nccl: Err("created without NCCL"),
+            ..w8
+        };
+        let p = decide_path(4 << 20, DType::BF16, &tuned, Algorithm::Auto, no_nccl).unwrap();
+        assert_eq!(p.algorithm, Algorithm::TwoShot);
+        assert!(p.reason.contains("(4194304) is ignored"), "{p}");
     }
 
     #[test]

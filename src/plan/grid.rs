@@ -6,15 +6,23 @@ use crate::dtype::DType;
 use crate::kernels::abi::{MAX_BLOCKS, THREADS_PER_BLOCK};
 use crate::kernels::registry::Kernel;
 
-/// The algorithm a call of `bytes` takes: `requested` unless it is `Auto`, then the
-/// configured one unless that is `Auto`, then the size rule (low-latency up to its limit,
-/// one-shot up to the crossover, two-shot above; one rank always one-shot).
-pub(crate) fn choose(bytes: usize, world: usize, config: &Config, requested: Algorithm) -> Algorithm {
+/// The algorithm a call of `bytes` of `dtype` takes: `requested` unless it is `Auto`, then
+/// the configured one unless that is `Auto`, then the size rule with the thresholds of
+/// [`Config::thresholds`] (low-latency up to its limit, one-shot up to the crossover,
+/// two-shot above; one rank always one-shot).
+pub(crate) fn choose(
+    bytes: usize,
+    dtype: DType,
+    world: usize,
+    config: &Config,
+    requested: Algorithm,
+) -> Algorithm {
     match (requested, config.algorithm) {
         (Algorithm::Auto, Algorithm::Auto) => {
-            if bytes <= config.low_latency_limit() {
+            let th = config.thresholds(dtype, world);
+            if bytes <= th.low_latency_max {
                 Algorithm::LowLatency
-            } else if world == 1 || bytes <= config.one_shot_limit(world) {
+            } else if world == 1 || bytes <= th.one_shot_max {
                 Algorithm::OneShot
             } else {
                 Algorithm::TwoShot
@@ -53,7 +61,7 @@ pub(crate) fn plan_all_reduce(
     config: &Config,
     requested: Algorithm,
 ) -> Plan {
-    let algorithm = choose(len * dtype.size(), world, config, requested);
+    let algorithm = choose(len * dtype.size(), dtype, world, config, requested);
     let kernel = kernel_for(algorithm).unwrap_or(Kernel::OneShot);
     grid(kernel, len, dtype, world, limits)
 }

@@ -69,6 +69,8 @@ pub(crate) struct Route {
     pub(crate) rule: Rule,
     /// Message bytes.
     pub(crate) bytes: usize,
+    /// Element type (the thresholds of `Auto` depend on it).
+    pub(crate) dtype: DType,
     /// Set when `Config::nccl_above_bytes` was passed but there is no fallback to use.
     pub(crate) threshold_ignored: bool,
 }
@@ -88,8 +90,8 @@ impl Route {
 /// 2. no symmetric workspace → NCCL;
 /// 3. a symmetric-buffer call → the in-place kernel;
 /// 4. a kernel asked for (or configured) → that kernel;
-/// 5. `Auto`: above `nccl_above_bytes`, or above `capacity_bytes`, → NCCL when there is a
-///    fallback; otherwise the size rule of [`choose`].
+/// 5. `Auto`: above `nccl_above_bytes` (or the tuning table's two-shot maximum), or above
+///    `capacity_bytes`, → NCCL when there is a fallback; otherwise the size rule of [`choose`].
 ///
 /// A kernel route above `capacity_bytes` (or a low-latency one above its slots) is refused
 /// with [`Error::ExceedsCapacity`], never silently rerouted.
@@ -107,6 +109,7 @@ pub(crate) fn route(
             target: Target::Nccl,
             rule,
             bytes,
+            dtype,
             threshold_ignored: false,
         })
     };
@@ -134,7 +137,11 @@ pub(crate) fn route(
     }
     let mut threshold_ignored = false;
     if chosen == Algorithm::Auto {
-        if config.nccl_above_bytes.is_some_and(|l| bytes > l) {
+        if config
+            .thresholds(dtype, facts.world)
+            .nccl_above
+            .is_some_and(|l| bytes > l)
+        {
             match facts.nccl {
                 Ok(()) => return to_nccl(Rule::AboveNcclThreshold),
                 Err(_) => threshold_ignored = true,
@@ -158,7 +165,7 @@ pub(crate) fn route(
                 (Algorithm::Auto, _) => Rule::Configured,
                 _ => Rule::AskedFor,
             };
-            let algorithm = choose(bytes, facts.world, config, requested);
+            let algorithm = choose(bytes, dtype, facts.world, config, requested);
             // Auto and Nccl were handled above: every other algorithm names a kernel.
             let kernel = kernel_for(algorithm).ok_or_else(|| {
                 Error::InvalidConfig(format!("algorithm {algorithm} does not name a kernel"))
@@ -176,6 +183,7 @@ pub(crate) fn route(
         target: Target::Kernel(kernel, grid(kernel, len, dtype, facts.world, facts.limits)),
         rule,
         bytes,
+        dtype,
         threshold_ignored,
     })
 }
@@ -196,10 +204,31 @@ mod tests {
 
     #[test]
     fn routing_a_call_allocates_nothing() {
-        let config = Config {
+        let with_threshold = Config {
             nccl_above_bytes: Some(8 << 20),
             ..Config::default()
         };
+        // A measured table for every dtype and world (resolved when it was built).
+        let mut entries = Vec::new();
+        for dtype in DType::ALL {
+            for world in 1..=MAX_RANKS {
+                entries.push(crate::config::Crossovers {
+                    dtype,
+                    world,
+                    low_latency_max_bytes: 16 << 10,
+                    one_shot_max_bytes: 200_000,
+                    two_shot_max_bytes: Some(2 << 20),
+                });
+            }
+        }
+        let table = crate::config::TuningTable::new(crate::config::Measured::default(), entries).unwrap();
+        let tuned = Config::default().with_tuning(table);
+        for config in [with_threshold, tuned] {
+            routes_without_allocating(&config);
+        }
+    }
+
+    fn routes_without_allocating(config: &Config) {
         let limits = Limits {
             one_shot_blocks: 32,
             two_shot_blocks: 16,
@@ -222,7 +251,7 @@ mod tests {
                         Algorithm::Nccl,
                     ] {
                         for kind in [CallKind::Buffers, CallKind::Symmetric] {
-                            if let Ok(r) = route(kind, len, dtype, &config, algo, facts) {
+                            if let Ok(r) = route(kind, len, dtype, config, algo, facts) {
                                 sink += r.bytes + matches!(r.target, Target::Nccl) as usize;
                             }
                         }

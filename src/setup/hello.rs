@@ -1,6 +1,7 @@
 //! The first message: what every rank tells the others before allocating anything, and the
 //! checks every rank makes on everyone's.
 
+use crate::config::{tuning_disagreement, tuning_label};
 use crate::error::{Error, Result};
 use crate::topology::RankPlacement;
 use crate::wire::{Reader, Wire, Writer};
@@ -69,6 +70,13 @@ pub(crate) fn check_all(own: &Hello, gathered: &[Vec<u8>]) -> Result<Vec<Hello>>
             });
         }
         if h.config != own.config {
+            if let Some((ours, theirs)) = tuning_disagreement(&own.config, &h.config) {
+                return Err(Error::TuningMismatch {
+                    rank: q,
+                    ours: tuning_label(ours),
+                    theirs: tuning_label(theirs),
+                });
+            }
             return Err(Error::InvalidConfig(format!(
                 "rank {q} uses a different Config; every rank must pass the same one"
             )));
@@ -129,5 +137,76 @@ mod tests {
             Err(Error::PeerSetupFailed { rank: None, .. })
         ));
         assert!(check_all(&own, &[own.to_wire(), vec![1, 2, 3]]).is_err());
+    }
+
+    fn table(one_shot: usize) -> crate::config::TuningTable {
+        use crate::config::{Crossovers, Measured, TuningTable};
+        use crate::dtype::DType;
+        let entry = Crossovers {
+            dtype: DType::F32,
+            world: 3,
+            low_latency_max_bytes: 0,
+            one_shot_max_bytes: one_shot,
+            two_shot_max_bytes: None,
+        };
+        TuningTable::new(Measured::default(), vec![entry]).unwrap()
+    }
+
+    /// Every rank checks every hello, so a rank whose table differs makes setup fail on every
+    /// rank, each with the typed error naming a rank that disagrees with it.
+    #[test]
+    fn ranks_disagreeing_on_the_tuning_table_fail_on_every_rank() {
+        let same = Config::default().with_tuning(table(1 << 20));
+        let other = Config::default().with_tuning(table(2 << 20));
+        for (odd_one, odd_config) in [(2usize, other.clone()), (0, Config::default())] {
+            let configs: Vec<Config> = (0..3)
+                .map(|r| {
+                    if r == odd_one {
+                        odd_config.clone()
+                    } else {
+                        same.clone()
+                    }
+                })
+                .collect();
+            let hellos: Vec<Hello> = configs
+                .iter()
+                .enumerate()
+                .map(|(r, c)| Hello {
+                    world: 3,
+                    ..hello(&format!("host{r}"), c)
+                })
+                .collect();
+            let wires: Vec<Vec<u8>> = hellos.iter().map(Wire::to_wire).collect();
+            for (r, own) in hellos.iter().enumerate() {
+                let e = check_all(own, &wires).unwrap_err();
+                let Error::TuningMismatch { rank, ours, theirs } = &e else {
+                    panic!("rank {r}: expected TuningMismatch, got {e}");
+                };
+                // The odd rank names the first other rank; the others name the odd one.
+                let expected = if r == odd_one {
+                    usize::from(odd_one == 0)
+                } else {
+                    odd_one
+                };
+                assert_eq!(*rank, expected, "rank {r}: {e}");
+                assert_ne!(ours, theirs);
+                assert!(e.to_string().contains("SYMM_ALLREDUCE_TUNING"), "{e}");
+                if odd_one == 0 && r == 0 {
+                    assert!(ours.contains("published"), "{e}");
+                }
+            }
+        }
+        // The same table loaded on every rank passes.
+        let hellos: Vec<Vec<u8>> = (0..3)
+            .map(|_| {
+                Hello {
+                    world: 3,
+                    ..hello("h", &same)
+                }
+                .to_wire()
+            })
+            .collect();
+        let own = Hello::from_wire(&hellos[0]).unwrap();
+        assert_eq!(check_all(&own, &hellos).unwrap().len(), 3);
     }
 }

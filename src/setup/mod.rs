@@ -176,6 +176,7 @@ impl State<'_> {
     fn check_locally(&mut self) -> Result<()> {
         self.precheck.take().unwrap_or(Ok(()))?;
         self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        self.config.load_tuning_from_env()?;
         self.config.validate()?;
         validate_world(self.world)?;
         if let (Algorithm::Nccl, Err(why)) = (self.config.algorithm, self.nccl) {
@@ -296,7 +297,7 @@ impl State<'_> {
     fn layout(&self) -> Layout {
         Layout::new(
             self.config.capacity_bytes,
-            self.config.low_latency_max_bytes,
+            self.config.low_latency_limit(),
             self.world,
             self.granularity,
         )

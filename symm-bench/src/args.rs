@@ -151,6 +151,13 @@ pub struct Args {
     /// Run with the divergence check on (`Config::check_divergence`), to measure its cost.
     #[arg(long = "check-divergence")]
     pub check_divergence: bool,
+
+    /// Measure where each algorithm wins on this machine and write a tuning table
+    /// (`Config::with_tuning_file`, `SYMM_ALLREDUCE_TUNING`) to OUT_JSON [default:
+    /// tuning.json]: W = 2, 4, ... up to --world, each --dtype, low_latency / one_shot /
+    /// two_shot (and NCCL with one rank per GPU), graph_amortised timing. See README.
+    #[arg(long, value_name = "OUT_JSON", num_args = 0..=1, default_missing_value = "tuning.json")]
+    pub tune: Option<PathBuf>,
 }
 
 /// `--launcher`.
@@ -804,5 +811,16 @@ mod tests {
         assert!(Args::try_parse_from(["symm-bench", "--algos", "ring"]).is_err());
         assert!(Args::try_parse_from(["symm-bench", "--dtype", "f64"]).is_err());
         assert!(Args::try_parse_from(["symm-bench", "--iters", "0"]).is_err());
+    }
+
+    #[test]
+    fn tune_takes_an_optional_path() {
+        let none = Args::try_parse_from(["symm-bench"]).unwrap();
+        assert_eq!(none.tune, None);
+        let bare = Args::try_parse_from(["symm-bench", "--tune", "--world", "4"]).unwrap();
+        assert_eq!(bare.tune, Some(PathBuf::from("tuning.json")));
+        assert_eq!(bare.world, 4);
+        let named = Args::try_parse_from(["symm-bench", "--tune", "out/h200.json"]).unwrap();
+        assert_eq!(named.tune, Some(PathBuf::from("out/h200.json")));
     }
 }

@@ -337,15 +337,31 @@ impl Bench {
         failures: &mut Vec<String>,
         pb: &ProgressBar,
     ) -> Result<(), BenchError> {
+        let algos: Vec<AlgoChoice> = plan
+            .algos
+            .iter()
+            .copied()
+            .filter(|&a| plan.runs(a, size))
+            .collect();
+        self.run_algos::<T>(plan, size, &algos, rows, failures, pb)
+    }
+
+    /// [`Bench::run_size`] for the algorithms given (no size filter: `--tune` picks them).
+    pub fn run_algos<T: BenchElem>(
+        &mut self,
+        plan: &RunPlan,
+        size: usize,
+        algos: &[AlgoChoice],
+        rows: &mut Vec<Row>,
+        failures: &mut Vec<String>,
+        pb: &ProgressBar,
+    ) -> Result<(), BenchError> {
         let dtype = T::DTYPE;
         let bytes = round_to_elements(size, dtype);
         let len = bytes / dtype.size();
         pb.set_message(format!("{dtype} {}: filling inputs", format_size(bytes)));
         let mut buffers = self.buffers::<T>(bytes, len)?;
-        for &algo in &plan.algos {
-            if !plan.runs(algo, size) {
-                continue;
-            }
+        for &algo in algos {
             pb.set_message(format!("{dtype} {} {}", format_size(bytes), algo.name()));
             let result = match algo.symm() {
                 Some(a) => self.symm_rows(plan, a, algo, bytes, len, &mut buffers, rows),

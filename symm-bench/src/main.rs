@@ -47,6 +47,7 @@ mod plot;
 mod procs;
 mod report;
 mod timing;
+mod tune;
 
 use std::process::ExitCode;
 
@@ -124,6 +125,14 @@ fn run(args: &Args) -> Result<ExitCode, Stop> {
         return replot(json);
     }
     symm_allreduce::validate_world(args.world).map_err(|e| Stop::Usage(e.to_string()))?;
+    if let Some(out) = &args.tune {
+        if args.launcher == Launcher::Processes {
+            return Err(Stop::Usage(
+                "--tune runs with --launcher threads (virtual ranks or one rank per GPU)".into(),
+            ));
+        }
+        return tune::run(args, out);
+    }
     if args.launcher == Launcher::Processes {
         return procs::run(args);
     }

@@ -1,0 +1,808 @@
+//! The tuning table: `Auto`'s crossovers as measured on one machine (`symm-bench --tune`
+//! writes it), read from a small versioned JSON file and checked before any rank uses it.
+//!
+//! ```json
+//! {
+//!   "format": "symm-allreduce tuning table",
+//!   "version": 1,
+//!   "measured": {
+//!     "device": "NVIDIA H200", "driver": "580.95.05", "date": "2026-12-03T08:10:00Z",
+//!     "crate_version": "0.1.0", "placement": "virtual", "note": "..."
+//!   },
+//!   "crossovers": [
+//!     { "dtype": "bf16", "world": 8,
+//!       "max_bytes": { "low_latency": 32768, "one_shot": 262144, "two_shot": 8388608 } }
+//!   ]
+//! }
+//! ```
+//!
+//! Each `max_bytes` value is the largest message (bytes per rank, inclusive) that `Auto` gives
+//! that algorithm: low-latency up to `low_latency`, one-shot up to `one_shot`, two-shot above,
+//! and NCCL above `two_shot` when it is given (where NCCL was measured; it needs a fallback).
+//! The values must not decrease in that order; `low_latency: 0` turns the low-latency kernel
+//! off, and equal values leave an algorithm no sizes. A (dtype, world) the table does not name
+//! keeps the published starting points.
+//!
+//! The table is resolved once, when it is built, into a dense `[dtype][world]` array: a call
+//! looks its thresholds up by index, without allocating.
+//!
+//! Extension point (issue 14, item 1): when the fused all-reduce + residual + RMSNorm call
+//! exists, its crossovers go into a new section of the format (version 2), measured by
+//! `symm-bench --tune` beside the plain all-reduce. Version 1 has no such section.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::kernels::abi::MAX_RANKS;
+
+/// The `format` string every table file carries.
+pub const TUNING_FORMAT: &str = "symm-allreduce tuning table";
+
+/// The format version this build reads and writes.
+pub const TUNING_VERSION: u64 = 1;
+
+/// Environment variable: a tuning table file that setup loads on every rank whose
+/// [`crate::Config::tuning`] is `None`.
+pub const TUNING_ENV: &str = "SYMM_ALLREDUCE_TUNING";
+
+/// This crate's version, as recorded in the tables it measures.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The algorithm names a table's `max_bytes` may hold, in routing order.
+const ALGORITHMS: [&str; 3] = ["low_latency", "one_shot", "two_shot"];
+
+/// What is wrong with a tuning table (inside [`Error::InvalidTuning`]). Each message says
+/// what to do about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TuningProblem {
+    /// The file could not be read.
+    Io {
+        /// What the OS said.
+        detail: String,
+    },
+    /// Not JSON, or a value of the wrong type, or a field this format does not have.
+    Malformed {
+        /// What the parser said.
+        detail: String,
+    },
+    /// JSON without `"format": "symm-allreduce tuning table"`.
+    NotATable,
+    /// A format version this build does not read.
+    WrongVersion {
+        /// The version in the file.
+        found: u64,
+        /// The version this build reads.
+        supported: u64,
+    },
+    /// A required field is absent (or null).
+    MissingField {
+        /// Where, as a JSON path (`crossovers[2].max_bytes.one_shot`).
+        field: String,
+    },
+    /// A `max_bytes` key that names no algorithm the table can set.
+    UnknownAlgorithm {
+        /// Where.
+        at: String,
+        /// The name.
+        name: String,
+    },
+    /// A `dtype` this build does not have.
+    UnknownDType {
+        /// Where.
+        at: String,
+        /// The name.
+        name: String,
+    },
+    /// A world size outside 1..=8.
+    BadWorld {
+        /// Where.
+        at: String,
+        /// The value.
+        world: u64,
+    },
+    /// Thresholds that decrease in routing order.
+    NonMonotone {
+        /// The entry's dtype.
+        dtype: DType,
+        /// The entry's world.
+        world: usize,
+        /// Which two thresholds, and their values.
+        detail: String,
+    },
+    /// Two entries for the same (dtype, world).
+    Duplicate {
+        /// The dtype.
+        dtype: DType,
+        /// The world.
+        world: usize,
+    },
+}
+
+const REGENERATE: &str = "regenerate the table with `symm-bench --tune OUT.json` of this version";
+
+impl std::fmt::Display for TuningProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TuningProblem::Io { detail } => write!(
+                f,
+                "cannot be read ({detail}); check the path (Config::with_tuning_file or ${TUNING_ENV})"
+            ),
+            TuningProblem::Malformed { detail } => write!(f, "is not a valid table ({detail}); {REGENERATE}"),
+            TuningProblem::NotATable => write!(
+                f,
+                "is not a tuning table (no \"format\": \"{TUNING_FORMAT}\"); point {TUNING_ENV} at a file \
+                 written by `symm-bench --tune`"
+            ),
+            TuningProblem::WrongVersion { found, supported } => write!(
+                f,
+                "has format version {found}, but this build reads version {supported}; {REGENERATE}, or use \
+                 a symm-allreduce that reads version {found}"
+            ),
+            TuningProblem::MissingField { field } => {
+                write!(f, "lacks the required field `{field}`; add it or {REGENERATE}")
+            }
+            TuningProblem::UnknownAlgorithm { at, name } => write!(
+                f,
+                "names the unknown algorithm {name:?} at `{at}`: max_bytes takes low_latency, one_shot and \
+                 two_shot (NCCL takes what lies above two_shot's max; Auto is what the table decides); \
+                 remove or rename it"
+            ),
+            TuningProblem::UnknownDType { at, name } => {
+                let names: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
+                write!(
+                    f,
+                    "names the unknown dtype {name:?} at `{at}`: expected one of {}; remove the entry",
+                    names.join(", ")
+                )
+            }
+            TuningProblem::BadWorld { at, world } => write!(
+                f,
+                "has world {world} at `{at}`: world sizes are 1..={MAX_RANKS}; remove the entry"
+            ),
+            TuningProblem::NonMonotone { dtype, world, detail } => write!(
+                f,
+                "has thresholds for {dtype} at W={world} that decrease ({detail}): low_latency <= one_shot \
+                 <= two_shot must hold; fix the entry or {REGENERATE}"
+            ),
+            TuningProblem::Duplicate { dtype, world } => {
+                write!(f, "has two entries for {dtype} at W={world}; keep one")
+            }
+        }
+    }
+}
+
+/// Where and when a table was measured.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Measured {
+    /// Device name (`NVIDIA H200`), one per distinct device, comma-separated.
+    pub device: String,
+    /// NVIDIA driver version (`580.95.05`), or what could be learnt of it.
+    pub driver: String,
+    /// When, as an RFC 3339 UTC time.
+    pub date: String,
+    /// The symm-allreduce version that measured it ([`VERSION`]).
+    pub crate_version: String,
+    /// `virtual` (all ranks on one GPU), `per_gpu`, ...
+    pub placement: String,
+    /// Free text: what the numbers mean, what was not measured.
+    #[serde(default)]
+    pub note: String,
+}
+
+/// The crossovers of one (dtype, world): the largest message, in bytes per rank (inclusive),
+/// that `Auto` gives each algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Crossovers {
+    /// Element type.
+    pub dtype: DType,
+    /// Number of ranks.
+    pub world: usize,
+    /// Low-latency up to this (0: never).
+    pub low_latency_max_bytes: usize,
+    /// One-shot up to this (at least `low_latency_max_bytes`).
+    pub one_shot_max_bytes: usize,
+    /// Two-shot up to this and NCCL above, where NCCL was measured (at least
+    /// `one_shot_max_bytes`); `None`: two-shot up to the capacity.
+    pub two_shot_max_bytes: Option<usize>,
+}
+
+/// A checked tuning table (see the module documentation for the file format). Built only
+/// through [`TuningTable::new`], [`TuningTable::from_json`] or [`TuningTable::load`], so its
+/// thresholds always increase in routing order and every (dtype, world) appears at most once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TuningTable {
+    measured: Measured,
+    /// Sorted by (dtype, world).
+    entries: Vec<Crossovers>,
+    /// `[dtype index][world - 1]`: the lookup a call makes.
+    dense: [[Option<Crossovers>; MAX_RANKS]; DType::COUNT],
+    /// The file it was loaded from.
+    origin: Option<PathBuf>,
+    digest: u64,
+    /// The largest low-latency threshold (sizes the slots; read on the call path).
+    max_low_latency: usize,
+}
+
+/// The file's shape (every field optional so that a missing one is reported by name).
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    format: Option<String>,
+    version: Option<u64>,
+    measured: Option<FileMeasured>,
+    crossovers: Option<Vec<FileEntry>>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileMeasured {
+    device: Option<String>,
+    driver: Option<String>,
+    date: Option<String>,
+    crate_version: Option<String>,
+    placement: Option<String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    note: String,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileEntry {
+    dtype: Option<String>,
+    world: Option<u64>,
+    max_bytes: Option<BTreeMap<String, Option<u64>>>,
+}
+
+fn missing(field: String) -> TuningProblem {
+    TuningProblem::MissingField { field }
+}
+
+fn bytes_value(v: u64, at: &str) -> std::result::Result<usize, TuningProblem> {
+    usize::try_from(v).map_err(|_| TuningProblem::Malformed {
+        detail: format!("`{at}` = {v} does not fit this machine's usize"),
+    })
+}
+
+impl FileEntry {
+    fn check(self, i: usize) -> std::result::Result<Crossovers, TuningProblem> {
+        let at = format!("crossovers[{i}]");
+        let dtype_name = self.dtype.ok_or_else(|| missing(format!("{at}.dtype")))?;
+        let dtype = dtype_name
+            .parse::<DType>()
+            .map_err(|_| TuningProblem::UnknownDType {
+                at: format!("{at}.dtype"),
+                name: dtype_name.clone(),
+            })?;
+        let world = self.world.ok_or_else(|| missing(format!("{at}.world")))?;
+        if world == 0 || world > MAX_RANKS as u64 {
+            return Err(TuningProblem::BadWorld {
+                at: format!("{at}.world"),
+                world,
+            });
+        }
+        let max = self.max_bytes.ok_or_else(|| missing(format!("{at}.max_bytes")))?;
+        if let Some(name) = max.keys().find(|k| !ALGORITHMS.contains(&k.as_str())) {
+            return Err(TuningProblem::UnknownAlgorithm {
+                at: format!("{at}.max_bytes.{name}"),
+                name: name.clone(),
+            });
+        }
+        let required = |name: &str| {
+            let path = format!("{at}.max_bytes.{name}");
+            match max.get(name).copied().flatten() {
+                Some(v) => bytes_value(v, &path),
+                None => Err(missing(path)),
+            }
+        };
+        let two_shot = match max.get("two_shot").copied().flatten() {
+            Some(v) => Some(bytes_value(v, &format!("{at}.max_bytes.two_shot"))?),
+            None => None,
+        };
+        Ok(Crossovers {
+            dtype,
+            world: world as usize,
+            low_latency_max_bytes: required("low_latency")?,
+            one_shot_max_bytes: required("one_shot")?,
+            two_shot_max_bytes: two_shot,
+        })
+    }
+}
+
+impl Crossovers {
+    fn check(&self) -> std::result::Result<(), TuningProblem> {
+        let bad = |detail: String| TuningProblem::NonMonotone {
+            dtype: self.dtype,
+            world: self.world,
+            detail,
+        };
+        if !(1..=MAX_RANKS).contains(&self.world) {
+            return Err(TuningProblem::BadWorld {
+                at: format!("{} entry", self.dtype),
+                world: self.world as u64,
+            });
+        }
+        if self.low_latency_max_bytes > self.one_shot_max_bytes {
+            return Err(bad(format!(
+                "low_latency {} > one_shot {}",
+                self.low_latency_max_bytes, self.one_shot_max_bytes
+            )));
+        }
+        if let Some(two) = self.two_shot_max_bytes {
+            if self.one_shot_max_bytes > two {
+                return Err(bad(format!(
+                    "one_shot {} > two_shot {two}",
+                    self.one_shot_max_bytes
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn to_file(self) -> FileEntry {
+        let mut max = BTreeMap::new();
+        max.insert("low_latency".to_string(), Some(self.low_latency_max_bytes as u64));
+        max.insert("one_shot".to_string(), Some(self.one_shot_max_bytes as u64));
+        if let Some(two) = self.two_shot_max_bytes {
+            max.insert("two_shot".to_string(), Some(two as u64));
+        }
+        FileEntry {
+            dtype: Some(self.dtype.name().to_string()),
+            world: Some(self.world as u64),
+            max_bytes: Some(max),
+        }
+    }
+}
+
+/// FNV-1a, 64 bits: a stable digest (the same on every machine and Rust version) to compare
+/// tables across ranks. It detects disagreement, not tampering.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+impl TuningTable {
+    /// A table from measurements: checks every entry (world in 1..=8, thresholds that do not
+    /// decrease, one entry per (dtype, world)); the entries are kept sorted by (dtype, world).
+    pub fn new(measured: Measured, entries: Vec<Crossovers>) -> Result<TuningTable> {
+        Self::build(measured, entries, None).map_err(|p| Error::InvalidTuning {
+            table: "(built in memory)".into(),
+            problem: p,
+        })
+    }
+
+    fn build(
+        measured: Measured,
+        mut entries: Vec<Crossovers>,
+        origin: Option<PathBuf>,
+    ) -> std::result::Result<TuningTable, TuningProblem> {
+        let mut dense = [[None; MAX_RANKS]; DType::COUNT];
+        for e in &entries {
+            e.check()?;
+            let slot = &mut dense[e.dtype.index()][e.world - 1];
+            if slot.is_some() {
+                return Err(TuningProblem::Duplicate {
+                    dtype: e.dtype,
+                    world: e.world,
+                });
+            }
+            *slot = Some(*e);
+        }
+        entries.sort_by_key(|e| (e.dtype.index(), e.world));
+        let max_low_latency = entries.iter().map(|e| e.low_latency_max_bytes).max().unwrap_or(0);
+        let mut table = TuningTable {
+            measured,
+            entries,
+            dense,
+            origin,
+            digest: 0,
+            max_low_latency,
+        };
+        // 0 stands for "no table" in the setup fingerprint.
+        table.digest = fnv1a(table.to_json().as_bytes()).max(1);
+        Ok(table)
+    }
+
+    /// Parses and checks a table (see the module documentation for the format).
+    pub fn from_json(text: &str) -> Result<TuningTable> {
+        Self::parse(text, None).map_err(|p| Error::InvalidTuning {
+            table: "(given as text)".into(),
+            problem: p,
+        })
+    }
+
+    /// Reads, parses and checks a table file; [`TuningTable::origin`] remembers the path.
+    pub fn load(path: impl AsRef<Path>) -> Result<TuningTable> {
+        let path = path.as_ref();
+        let wrap = |p| Error::InvalidTuning {
+            table: path.display().to_string(),
+            problem: p,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            wrap(TuningProblem::Io {
+                detail: e.to_string(),
+            })
+        })?;
+        Self::parse(&text, Some(path.to_path_buf())).map_err(wrap)
+    }
+
+    fn parse(text: &str, origin: Option<PathBuf>) -> std::result::Result<TuningTable, TuningProblem> {
+        let malformed = |e: serde_json::Error| TuningProblem::Malformed {
+            detail: e.to_string(),
+        };
+        // The format and version first, so that another version's layout is reported as
+        // such rather than as unknown fields.
+        let value: serde_json::Value = serde_json::from_str(text).map_err(malformed)?;
+        if value.get("format").and_then(|f| f.as_str()) != Some(TUNING_FORMAT) {
+            return Err(TuningProblem::NotATable);
+        }
+        match value.get("version") {
+            None | Some(serde_json::Value::Null) => return Err(missing("version".into())),
+            Some(v) => match v.as_u64() {
+                Some(TUNING_VERSION) => {}
+                Some(found) => {
+                    return Err(TuningProblem::WrongVersion {
+                        found,
+                        supported: TUNING_VERSION,
+                    })
+                }
+                None => {
+                    return Err(TuningProblem::Malformed {
+                        detail: format!("`version` is {v}, not a whole number"),
+                    })
+                }
+            },
+        }
+        let file: File = serde_json::from_value(value).map_err(malformed)?;
+        let m = file.measured.ok_or_else(|| missing("measured".into()))?;
+        let field = |v: Option<String>, name: &str| v.ok_or_else(|| missing(format!("measured.{name}")));
+        let measured = Measured {
+            device: field(m.device, "device")?,
+            driver: field(m.driver, "driver")?,
+            date: field(m.date, "date")?,
+            crate_version: field(m.crate_version, "crate_version")?,
+            placement: field(m.placement, "placement")?,
+            note: m.note,
+        };
+        let entries = file
+            .crossovers
+            .ok_or_else(|| missing("crossovers".into()))?
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| e.check(i))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Self::build(measured, entries, origin)
+    }
+
+    /// The table as JSON (what [`TuningTable::from_json`] reads back; entries sorted).
+    pub fn to_json(&self) -> String {
+        let m = &self.measured;
+        let file = File {
+            format: Some(TUNING_FORMAT.to_string()),
+            version: Some(TUNING_VERSION),
+            measured: Some(FileMeasured {
+                device: Some(m.device.clone()),
+                driver: Some(m.driver.clone()),
+                date: Some(m.date.clone()),
+                crate_version: Some(m.crate_version.clone()),
+                placement: Some(m.placement.clone()),
+                note: m.note.clone(),
+            }),
+            crossovers: Some(self.entries.iter().map(|e| e.to_file()).collect()),
+        };
+        // Serialising plain strings, integers and maps with string keys cannot fail.
+        serde_json::to_string_pretty(&file).unwrap_or_default() + "\n"
+    }
+
+    /// The crossovers of one (dtype, world), if the table has them (an index, no search).
+    pub fn get(&self, dtype: DType, world: usize) -> Option<Crossovers> {
+        world
+            .checked_sub(1)
+            .and_then(|w| self.dense[dtype.index()].get(w).copied().flatten())
+    }
+
+    /// Every entry, sorted by (dtype, world).
+    pub fn entries(&self) -> &[Crossovers] {
+        &self.entries
+    }
+
+    /// Where and when it was measured.
+    pub fn measured(&self) -> &Measured {
+        &self.measured
+    }
+
+    /// The file it was loaded from (`None`: built in memory or parsed from text).
+    pub fn origin(&self) -> Option<&Path> {
+        self.origin.as_deref()
+    }
+
+    /// A digest of the table's content (its canonical JSON; not the file's path or
+    /// whitespace). Setup compares it across ranks.
+    pub fn digest(&self) -> u64 {
+        self.digest
+    }
+
+    /// The largest low-latency threshold of any entry (the slots must hold it).
+    pub fn max_low_latency_bytes(&self) -> usize {
+        self.max_low_latency
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn measured() -> Measured {
+        Measured {
+            device: "Test GPU".into(),
+            driver: "1.2.3".into(),
+            date: "2026-12-03T08:00:00Z".into(),
+            crate_version: VERSION.into(),
+            placement: "virtual".into(),
+            note: String::new(),
+        }
+    }
+
+    const GOOD: &str = r#"{
+      "format": "symm-allreduce tuning table",
+      "version": 1,
+      "measured": {"device": "NVIDIA H200", "driver": "580.95.05", "date": "2026-12-03T08:00:00Z",
+                   "crate_version": "0.1.0", "placement": "virtual"},
+      "crossovers": [
+        {"dtype": "bf16", "world": 8, "max_bytes": {"low_latency": 65536, "one_shot": 1048576}},
+        {"dtype": "f32", "world": 2, "max_bytes": {"low_latency": 0, "one_shot": 4096, "two_shot": 8388608}}
+      ]
+    }"#;
+
+    fn problem(text: &str) -> TuningProblem {
+        match TuningTable::from_json(text) {
+            Err(Error::InvalidTuning { problem, .. }) => problem,
+            other => panic!("expected InvalidTuning, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_good_table_parses_and_indexes() {
+        let t = TuningTable::from_json(GOOD).unwrap();
+        assert_eq!(t.entries().len(), 2);
+        let e = t.get(DType::BF16, 8).unwrap();
+        assert_eq!(
+            (
+                e.low_latency_max_bytes,
+                e.one_shot_max_bytes,
+                e.two_shot_max_bytes
+            ),
+            (65536, 1 << 20, None)
+        );
+        let f = t.get(DType::F32, 2).unwrap();
+        assert_eq!(f.two_shot_max_bytes, Some(8 << 20));
+        assert_eq!(t.get(DType::F16, 8), None);
+        assert_eq!(t.get(DType::BF16, 4), None);
+        assert_eq!(t.get(DType::BF16, 0), None);
+        assert_eq!(t.get(DType::BF16, 99), None);
+        assert_eq!(t.measured().device, "NVIDIA H200");
+        assert_eq!(t.max_low_latency_bytes(), 65536);
+        assert_eq!(t.origin(), None);
+    }
+
+    #[test]
+    fn json_round_trips_and_the_digest_ignores_layout_and_order() {
+        let t = TuningTable::from_json(GOOD).unwrap();
+        let back = TuningTable::from_json(&t.to_json()).unwrap();
+        assert_eq!(back, t);
+        assert_eq!(back.digest(), t.digest());
+        // Entries in the other order, other whitespace: the same table.
+        let v: serde_json::Value = serde_json::from_str(GOOD).unwrap();
+        let mut swapped = v.clone();
+        swapped["crossovers"].as_array_mut().unwrap().reverse();
+        let again = TuningTable::from_json(&serde_json::to_string(&swapped).unwrap()).unwrap();
+        assert_eq!(again.digest(), t.digest());
+        // Any change of a threshold or of the provenance changes the digest.
+        let mut moved = v.clone();
+        moved["crossovers"][0]["max_bytes"]["one_shot"] = 1048577.into();
+        assert_ne!(
+            TuningTable::from_json(&moved.to_string()).unwrap().digest(),
+            t.digest()
+        );
+        let mut elsewhere = v;
+        elsewhere["measured"]["device"] = "NVIDIA B200".into();
+        assert_ne!(
+            TuningTable::from_json(&elsewhere.to_string()).unwrap().digest(),
+            t.digest()
+        );
+        // Built in memory: the same writer, the same reader.
+        let built = TuningTable::new(measured(), t.entries().to_vec()).unwrap();
+        assert_eq!(TuningTable::from_json(&built.to_json()).unwrap(), built);
+    }
+
+    #[test]
+    fn loading_remembers_the_path_and_reports_io_errors() {
+        let dir = std::env::temp_dir().join(format!("symm-tuning-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.json");
+        std::fs::write(&path, GOOD).unwrap();
+        let t = TuningTable::load(&path).unwrap();
+        assert_eq!(t.origin(), Some(path.as_path()));
+        assert_eq!(t.digest(), TuningTable::from_json(GOOD).unwrap().digest());
+        let e = TuningTable::load(dir.join("absent.json")).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidTuning { problem: TuningProblem::Io { .. }, table } if table.ends_with("absent.json")),
+            "{e}"
+        );
+        assert!(e.to_string().contains(TUNING_ENV), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_wrong_version_is_refused_before_its_fields_are_read() {
+        let v2 = GOOD
+            .replace("\"version\": 1", "\"version\": 2")
+            .replace("\"crossovers\"", "\"other\"");
+        assert_eq!(
+            problem(&v2),
+            TuningProblem::WrongVersion {
+                found: 2,
+                supported: 1
+            }
+        );
+        let e = TuningTable::from_json(&v2).unwrap_err().to_string();
+        assert!(e.contains("symm-bench --tune"), "{e}");
+        assert_eq!(
+            problem(&GOOD.replace("\"version\": 1,", "")),
+            TuningProblem::MissingField {
+                field: "version".into()
+            }
+        );
+        assert!(matches!(
+            problem(&GOOD.replace("\"version\": 1", "\"version\": \"1\"")),
+            TuningProblem::Malformed { .. }
+        ));
+        assert_eq!(
+            problem(&GOOD.replace("tuning table", "something else")),
+            TuningProblem::NotATable
+        );
+        assert_eq!(problem("[1, 2]"), TuningProblem::NotATable);
+        assert!(matches!(problem("{ not json"), TuningProblem::Malformed { .. }));
+    }
+
+    #[test]
+    fn unknown_algorithms_dtypes_and_worlds_are_named() {
+        for name in ["nccl", "auto", "ring", "ll"] {
+            let text = GOOD.replace(
+                "\"one_shot\": 4096",
+                &format!("\"one_shot\": 4096, \"{name}\": 5"),
+            );
+            assert_eq!(
+                problem(&text),
+                TuningProblem::UnknownAlgorithm {
+                    at: format!("crossovers[1].max_bytes.{name}"),
+                    name: name.into()
+                }
+            );
+        }
+        let e = TuningTable::from_json(&GOOD.replace("\"two_shot\"", "\"three_shot\"")).unwrap_err();
+        assert!(e.to_string().contains("\"three_shot\""), "{e}");
+        assert!(
+            e.to_string().contains("low_latency, one_shot and two_shot"),
+            "{e}"
+        );
+        assert!(matches!(
+            problem(&GOOD.replace("\"bf16\"", "\"f64\"")),
+            TuningProblem::UnknownDType { name, .. } if name == "f64"
+        ));
+        for w in ["0", "9"] {
+            assert!(matches!(
+                problem(&GOOD.replace("\"world\": 8", &format!("\"world\": {w}"))),
+                TuningProblem::BadWorld { .. }
+            ));
+        }
+    }
+
+    #[test]
+    fn decreasing_thresholds_are_refused() {
+        let ll_above = GOOD.replace("\"low_latency\": 65536", "\"low_latency\": 2097152");
+        assert!(matches!(
+            problem(&ll_above),
+            TuningProblem::NonMonotone { dtype: DType::BF16, world: 8, detail } if detail.contains("low_latency 2097152 > one_shot 1048576")
+        ));
+        let two_below = GOOD.replace("\"two_shot\": 8388608", "\"two_shot\": 1024");
+        assert!(matches!(
+            problem(&two_below),
+            TuningProblem::NonMonotone {
+                dtype: DType::F32,
+                world: 2,
+                ..
+            }
+        ));
+        // Equal thresholds are allowed: the algorithm between gets no sizes.
+        TuningTable::from_json(&GOOD.replace("\"two_shot\": 8388608", "\"two_shot\": 4096")).unwrap();
+        // The in-memory constructor checks the same.
+        let bad = Crossovers {
+            dtype: DType::F16,
+            world: 4,
+            low_latency_max_bytes: 10,
+            one_shot_max_bytes: 5,
+            two_shot_max_bytes: None,
+        };
+        assert!(matches!(
+            TuningTable::new(measured(), vec![bad]),
+            Err(Error::InvalidTuning {
+                problem: TuningProblem::NonMonotone { .. },
+                ..
+            })
+        ));
+        let ok = Crossovers {
+            one_shot_max_bytes: 10,
+            ..bad
+        };
+        assert!(matches!(
+            TuningTable::new(measured(), vec![ok, ok]),
+            Err(Error::InvalidTuning {
+                problem: TuningProblem::Duplicate {
+                    dtype: DType::F16,
+                    world: 4
+                },
+                ..
+            })
+        ));
+        assert!(matches!(
+            TuningTable::new(measured(), vec![Crossovers { world: 0, ..ok }]),
+            Err(Error::InvalidTuning {
+                problem: TuningProblem::BadWorld { .. },
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn missing_fields_are_named_by_path() {
+        let cases = [
+            ("\"low_latency\": 65536, ", "crossovers[0].max_bytes.low_latency"),
+            (", \"one_shot\": 4096", "crossovers[1].max_bytes.one_shot"),
+            ("\"dtype\": \"bf16\", ", "crossovers[0].dtype"),
+            ("\"world\": 2, ", "crossovers[1].world"),
+            ("\"driver\": \"580.95.05\", ", "measured.driver"),
+        ];
+        for (cut, field) in cases {
+            assert!(GOOD.contains(cut), "{cut}");
+            assert_eq!(
+                problem(&GOOD.replacen(cut, "", 1)),
+                TuningProblem::MissingField { field: field.into() },
+                "{cut}"
+            );
+        }
+        // A null one_shot is as missing as an absent one; a null two_shot means "no NCCL".
+        assert_eq!(
+            problem(&GOOD.replace("\"one_shot\": 4096", "\"one_shot\": null")),
+            TuningProblem::MissingField {
+                field: "crossovers[1].max_bytes.one_shot".into()
+            }
+        );
+        let t = TuningTable::from_json(&GOOD.replace("\"two_shot\": 8388608", "\"two_shot\": null")).unwrap();
+        assert_eq!(t.get(DType::F32, 2).unwrap().two_shot_max_bytes, None);
+        let v: serde_json::Value = serde_json::from_str(GOOD).unwrap();
+        for top in ["measured", "crossovers"] {
+            let mut cut = v.clone();
+            cut.as_object_mut().unwrap().remove(top);
+            assert_eq!(
+                problem(&cut.to_string()),
+                TuningProblem::MissingField { field: top.into() }
+            );
+        }
+        // A field the format does not have is refused, not ignored.
+        assert!(matches!(
+            problem(&GOOD.replace("\"world\": 8,", "\"world\": 8, \"wrold\": 8,")),
+            TuningProblem::Malformed { detail } if detail.contains("wrold")
+        ));
+        assert!(matches!(
+            problem(&GOOD.replace("\"one_shot\": 4096", "\"one_shot\": -1")),
+            TuningProblem::Malformed { .. }
+        ));
+    }
+}

@@ -1,0 +1,775 @@
+//! `--tune`: measures where each algorithm wins on the machine at hand and writes the
+//! library's tuning table (`symm_allreduce::TuningTable`, read back by
+//! `Config::with_tuning_file` or `SYMM_ALLREDUCE_TUNING`).
+//!
+//! For each world W (2, 4, ... up to `--world`, and `--world` itself), each `--dtype` and
+//! each size of the tuning sweep it times low-latency (up to [`LL_TUNE_MAX`]), one-shot and
+//! two-shot (and NCCL where it can run W ranks: one rank per GPU) with the sweep's own timing
+//! code (graph_amortised: one CUDA graph of 10 all-reduces per rank, median per all-reduce),
+//! every row verified against the f64 sum first. The crossovers are then read off the
+//! medians in routing order ([`crossovers`]): each algorithm keeps the sizes up to the first
+//! one where the best of the later algorithms is faster by more than [`HYSTERESIS`] and stays
+//! no slower at the next size.
+//!
+//! Extension point (issue 14, item 1): the fused all-reduce + residual + RMSNorm call is not
+//! in the library yet; when it is, time it per algorithm here beside the plain all-reduce and
+//! write its crossovers into the table's next format version. Nothing here measures it now.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use indicatif::ProgressBar;
+use symm_allreduce::{Config, Crossovers, DType, Measured, TuningTable};
+
+use crate::args::{format_size, AlgoChoice, Args, Mode, RunPlan, SizeSpec, ONE_SHOT_SWEEP_MAX};
+use crate::bench::{self, Bench, Placement};
+use crate::report::{self, Meta, Row};
+use crate::{timing, Stop};
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+
+/// Low-latency is timed up to this size (its slots are sized for it).
+pub const LL_TUNE_MAX: usize = 256 * KIB;
+
+/// A later algorithm takes over only where it is faster by more than this fraction (and is
+/// not slower by more than it at the next size): measurement noise does not move a crossover.
+pub const HYSTERESIS: f64 = 0.05;
+
+/// The tuning sweep: 2^k and 3·2^(k-1) bytes, 1 KiB..32 MiB (two sizes per octave).
+pub fn tune_sizes() -> Vec<usize> {
+    sizes_between(KIB, 32 * MIB)
+}
+
+/// `--tune --quick`: 4 KiB..4 MiB.
+pub fn quick_tune_sizes() -> Vec<usize> {
+    sizes_between(4 * KIB, 4 * MIB)
+}
+
+fn sizes_between(lo: usize, hi: usize) -> Vec<usize> {
+    let mut v = Vec::new();
+    let mut p = lo;
+    while p <= hi {
+        v.push(p);
+        if p + p / 2 <= hi {
+            v.push(p + p / 2);
+        }
+        p *= 2;
+    }
+    v
+}
+
+/// The worlds `--tune` measures: 2, 4, 8, ... up to `max`, and `max` itself (1 alone for 1).
+pub fn tune_worlds(max: usize) -> Vec<usize> {
+    let mut v: Vec<usize> = std::iter::successors(Some(2usize), |w| Some(w * 2))
+        .take_while(|&w| w <= max)
+        .collect();
+    if !v.contains(&max) {
+        v.push(max);
+    }
+    v
+}
+
+/// The median times of one size (µs; `None` where the algorithm did not run).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Point {
+    pub size: usize,
+    pub low_latency: Option<f64>,
+    pub one_shot: Option<f64>,
+    pub two_shot: Option<f64>,
+    pub nccl: Option<f64>,
+}
+
+/// How far the earlier algorithm of a pair keeps winning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LastWin {
+    /// No size to compare.
+    Unmeasured,
+    /// The later algorithm wins from the first size on.
+    Never,
+    /// The earlier one wins up to this size, the later one (confirmed) from the next.
+    At(usize),
+    /// The earlier one wins at every size measured, up to this one.
+    Throughout(usize),
+}
+
+/// Scans `(size, earlier, later)` upwards for the first size where `later` is faster by more
+/// than `margin` and the next size (if any) does not clearly reverse it.
+fn last_win(points: &[(usize, f64, f64)], margin: f64) -> LastWin {
+    for (i, &(_, early, late)) in points.iter().enumerate() {
+        if late < early * (1.0 - margin) {
+            let confirmed = points
+                .get(i + 1)
+                .is_none_or(|&(_, e2, l2)| l2 <= e2 * (1.0 + margin));
+            if confirmed {
+                return if i == 0 {
+                    LastWin::Never
+                } else {
+                    LastWin::At(points[i - 1].0)
+                };
+            }
+        }
+    }
+    points
+        .last()
+        .map_or(LastWin::Unmeasured, |p| LastWin::Throughout(p.0))
+}
+
+fn min_of(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, None) => x,
+        (None, y) => y,
+    }
+}
+
+/// [`Found`] for one (dtype, world).
+pub type FoundFor = (DType, usize, Found);
+
+/// What [`crossovers`] found for one (dtype, world).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    pub low_latency_max: usize,
+    pub one_shot_max: usize,
+    /// `None`: NCCL not measured, or two-shot wins at every size measured.
+    pub two_shot_max: Option<usize>,
+    /// What could not be decided (and what was assumed).
+    pub notes: Vec<String>,
+}
+
+/// The crossovers in routing order, from points sorted by size: low-latency against the best
+/// of the later algorithms, then one-shot (above low-latency's range) against the best of
+/// two-shot and NCCL, then two-shot against NCCL. `None` when low-latency or one-shot has no
+/// size to compare (then there is nothing to write).
+pub fn crossovers(points: &[Point], margin: f64) -> Option<Found> {
+    let mut notes = Vec::new();
+    let pairs = |f: &dyn Fn(&Point) -> Option<(f64, f64)>, above: usize| -> Vec<(usize, f64, f64)> {
+        points
+            .iter()
+            .filter(|p| p.size > above)
+            .filter_map(|p| f(p).map(|(a, b)| (p.size, a, b)))
+            .collect()
+    };
+    let ll = pairs(
+        &|p| Some((p.low_latency?, min_of(min_of(p.one_shot, p.two_shot), p.nccl)?)),
+        0,
+    );
+    let low_latency_max = match last_win(&ll, margin) {
+        LastWin::Unmeasured => return None,
+        LastWin::Never => 0,
+        LastWin::At(s) => s,
+        LastWin::Throughout(s) => {
+            notes.push(format!(
+                "low_latency won up to its largest measured size ({})",
+                format_size(s)
+            ));
+            s
+        }
+    };
+    let os = pairs(
+        &|p| Some((p.one_shot?, min_of(p.two_shot, p.nccl)?)),
+        low_latency_max,
+    );
+    let one_shot_max = match last_win(&os, margin) {
+        LastWin::Unmeasured => return None,
+        LastWin::Never => low_latency_max,
+        LastWin::At(s) => s,
+        LastWin::Throughout(s) => {
+            notes.push(format!(
+                "one_shot won up to the largest size compared ({}); two-shot assumed above",
+                format_size(s)
+            ));
+            s
+        }
+    };
+    let ts = pairs(&|p| Some((p.two_shot?, p.nccl?)), one_shot_max);
+    let two_shot_max = match last_win(&ts, margin) {
+        LastWin::Unmeasured | LastWin::Throughout(_) => None,
+        LastWin::Never => Some(one_shot_max),
+        LastWin::At(s) => Some(s),
+    };
+    Some(Found {
+        low_latency_max,
+        one_shot_max,
+        two_shot_max,
+        notes,
+    })
+}
+
+/// The points of one (dtype, world) from graph_amortised rows, sorted by size.
+pub fn points(rows: &[Row], dtype: DType, world: usize) -> Vec<Point> {
+    let mut pts: Vec<Point> = Vec::new();
+    // NCCL rows count only where NCCL ran all W ranks (not NCCL on one GPU, world 1).
+    for r in rows
+        .iter()
+        .filter(|r| r.dtype == dtype.name() && r.mode == Mode::GraphAmortised && r.world == world)
+    {
+        let i = match pts.iter().position(|p| p.size == r.size_bytes) {
+            Some(i) => i,
+            None => {
+                pts.push(Point {
+                    size: r.size_bytes,
+                    ..Point::default()
+                });
+                pts.len() - 1
+            }
+        };
+        let slot = match r.algo.as_str() {
+            "low_latency" => &mut pts[i].low_latency,
+            "one_shot" => &mut pts[i].one_shot,
+            "two_shot" => &mut pts[i].two_shot,
+            "nccl" => &mut pts[i].nccl,
+            _ => continue,
+        };
+        *slot = Some(r.time_us);
+    }
+    pts.sort_by_key(|p| p.size);
+    pts
+}
+
+/// The table from measured rows (one entry per (dtype, world) that has points), with the
+/// notes on what could not be decided.
+pub fn table_from_rows(
+    rows: &[Row],
+    dtypes: &[DType],
+    worlds: &[usize],
+    measured: Measured,
+) -> Result<(TuningTable, Vec<FoundFor>), symm_allreduce::Error> {
+    let mut entries = Vec::new();
+    let mut found = Vec::new();
+    for &dtype in dtypes {
+        for &world in worlds {
+            if let Some(f) = crossovers(&points(rows, dtype, world), HYSTERESIS) {
+                entries.push(Crossovers {
+                    dtype,
+                    world,
+                    low_latency_max_bytes: f.low_latency_max,
+                    one_shot_max_bytes: f.one_shot_max,
+                    two_shot_max_bytes: f.two_shot_max,
+                });
+                found.push((dtype, world, f));
+            }
+        }
+    }
+    Ok((TuningTable::new(measured, entries)?, found))
+}
+
+/// The summary printed at the end (and pasted into the README).
+pub fn summary(table: &TuningTable, found: &[FoundFor]) -> String {
+    let m = table.measured();
+    let mut s = format!(
+        "# Measured crossovers: {} (driver {}, {} ranks), {} graph_amortised medians, {:.0}% hysteresis\n",
+        m.device,
+        m.driver,
+        m.placement,
+        m.date,
+        HYSTERESIS * 100.0
+    );
+    s += &format!(
+        "# {:<5} {:>5}  {:>13} {:>11} {:>11}   | published: {:>13} {:>11}\n",
+        "dtype", "world", "low_latency<=", "one_shot<=", "two_shot<=", "low_latency<=", "one_shot<="
+    );
+    let published = Config::default();
+    for e in table.entries() {
+        s += &format!(
+            "  {:<5} {:>5}  {:>13} {:>11} {:>11}   | {:>24} {:>11}\n",
+            e.dtype.name(),
+            e.world,
+            format_size(e.low_latency_max_bytes),
+            format_size(e.one_shot_max_bytes),
+            e.two_shot_max_bytes.map_or_else(|| "-".to_string(), format_size),
+            format_size(published.low_latency_max_bytes),
+            format_size(published.one_shot_limit(e.dtype, e.world)),
+        );
+    }
+    s += "# two_shot<= '-': two-shot up to the capacity (NCCL not measured, or never faster)\n";
+    for (dtype, world, f) in found {
+        for n in &f.notes {
+            s += &format!("# note: {dtype} W={world}: {n}\n");
+        }
+    }
+    s
+}
+
+/// The NVIDIA driver version, from the kernel module's report (Linux), else "unknown".
+fn driver_version() -> String {
+    std::fs::read_to_string("/proc/driver/nvidia/version")
+        .ok()
+        .and_then(|t| {
+            let line = t.lines().next()?.to_string();
+            let after = line
+                .split("Kernel Module")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .to_string();
+            Some(after)
+        })
+        .unwrap_or_else(|| "unknown".to_string())
+}
+
+/// Now, as RFC 3339 UTC (`2026-12-03T08:10:00Z`).
+pub fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    rfc3339(secs)
+}
+
+/// Seconds since the epoch as RFC 3339 UTC (civil-from-days, proleptic Gregorian).
+pub fn rfc3339(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Builds the table from the rows so far and writes it to `out` (after every world, so that
+/// a run cut short keeps what it measured). Returns the table, what was found, and the
+/// placement label.
+fn write_table(
+    out: &Path,
+    rows: &[Row],
+    dtypes: &[DType],
+    placements: &[(usize, Placement)],
+    sizes: &[usize],
+    device_names: &[String],
+) -> Result<(TuningTable, Vec<FoundFor>, String), Stop> {
+    let worlds: Vec<usize> = placements.iter().map(|&(w, _)| w).collect();
+    let virtual_worlds: Vec<String> = placements
+        .iter()
+        .filter(|(_, p)| matches!(p, Placement::Virtual { .. }))
+        .map(|(w, _)| w.to_string())
+        .collect();
+    let placement = match (virtual_worlds.len(), placements.len()) {
+        (0, _) => "per_gpu".to_string(),
+        (v, n) if v == n => "virtual".to_string(),
+        _ => format!("per_gpu, virtual at W={}", virtual_worlds.join(",")),
+    };
+    let mut note = format!(
+        "symm-bench --tune: graph_amortised medians, {:.0}% hysteresis; sizes {}..{}",
+        HYSTERESIS * 100.0,
+        format_size(sizes[0]),
+        format_size(*sizes.last().unwrap_or(&0))
+    );
+    if !virtual_worlds.is_empty() {
+        note += &format!(
+            "; W={} ran as virtual ranks (all ranks on one GPU): those crossovers reflect one GPU's memory \
+             and launch costs, not NVLink, and NCCL (which refuses two ranks on one device) was not measured",
+            virtual_worlds.join(",")
+        );
+    }
+    let measured = Measured {
+        device: device_names.join(", "),
+        driver: driver_version(),
+        date: utc_now(),
+        crate_version: symm_allreduce::VERSION.to_string(),
+        placement: placement.clone(),
+        note,
+    };
+    let (table, found) = table_from_rows(rows, dtypes, &worlds, measured)
+        .map_err(|e| Stop::Failed(format!("the measured crossovers do not make a table: {e}")))?;
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| Stop::Failed(format!("{}: {e}", dir.display())))?;
+    }
+    std::fs::write(out, table.to_json()).map_err(|e| Stop::Failed(format!("{}: {e}", out.display())))?;
+
+    Ok((table, found, placement))
+}
+
+/// `--tune OUT`: measure, write the table and the raw rows, print the summary.
+pub fn run(args: &Args, out: &Path) -> Result<ExitCode, Stop> {
+    let count = symm_allreduce::device_count().map_err(Stop::NoGpu)?;
+    let worlds = tune_worlds(args.world);
+    let sizes = match (&args.sizes, args.quick) {
+        (SizeSpec::List(v), _) => {
+            let mut v = v.clone();
+            v.sort_unstable();
+            v.dedup();
+            v
+        }
+        (SizeSpec::Sweep, false) => tune_sizes(),
+        (SizeSpec::Sweep, true) => quick_tune_sizes(),
+    };
+    let dtypes = RunPlan::from_args(args).dtypes;
+    let mut meta = Meta {
+        tool: format!("symm-bench {} --tune", env!("CARGO_PKG_VERSION")),
+        world: args.world,
+        ..Meta::default()
+    };
+    let mut rows: Vec<Row> = Vec::new();
+    let mut failures: Vec<String> = Vec::new();
+    let mut placements: Vec<(usize, Placement)> = Vec::new();
+    let mut device_names: Vec<String> = Vec::new();
+    let pb = ProgressBar::hidden();
+
+    for &world in &worlds {
+        let placement = if !args.virtual_ranks && count >= 2 && world <= count {
+            Placement::PerGpu
+        } else {
+            Placement::Virtual { device: args.device }
+        };
+        placements.push((world, placement));
+        let ctxs = bench::contexts(placement, world).map_err(Stop::NoGpu)?;
+        for ctx in &ctxs {
+            let name = ctx.name().unwrap_or_else(|e| format!("unknown ({e})"));
+            if !device_names.contains(&name) {
+                device_names.push(name);
+            }
+        }
+        let free = bench::free_memory(&ctxs).map_err(|e| Stop::Failed(format!("cuMemGetInfo: {e}")))?;
+        let ranks_per_device = match placement {
+            Placement::Virtual { .. } => world,
+            Placement::PerGpu => 1,
+        };
+        let fits = bench::max_fitting_size(free, ranks_per_device);
+        let here: Vec<usize> = sizes.iter().copied().filter(|&s| s <= fits).collect();
+        let Some(&capacity) = here.last() else {
+            return Err(Stop::Failed(format!("W={world}: no size fits in device memory")));
+        };
+        if here.len() < sizes.len() {
+            meta.notes.push(format!(
+                "W={world}: sizes above {} skipped (device memory)",
+                format_size(capacity)
+            ));
+        }
+        let with_nccl = placement == Placement::PerGpu;
+        let config = Config {
+            capacity_bytes: capacity,
+            low_latency_max_bytes: LL_TUNE_MAX.min(capacity),
+            ..Config::default()
+        };
+        let mut bench = match Bench::new(ctxs, placement, config, with_nccl) {
+            Ok(b) => b,
+            Err(e) => {
+                let msg = format!("W={world}: setup failed: {e}");
+                eprintln!("symm-bench: {msg}");
+                failures.push(msg);
+                continue;
+            }
+        };
+        let nccl_ok = with_nccl && bench.nccl_ready();
+        if with_nccl && !nccl_ok {
+            meta.notes.push(format!("W={world}: {}", bench.nccl_status()));
+        }
+        let plan = RunPlan {
+            sizes: here.clone(),
+            explicit_sizes: true,
+            dtypes: dtypes.clone(),
+            algos: vec![],
+            modes: vec![Mode::GraphAmortised],
+            iters: args.iters.map(|n| n as usize),
+            warmup: args.warmup.map(|n| n as usize),
+            quick: args.quick,
+            low_latency_max: LL_TUNE_MAX.min(capacity),
+            pdl: !args.no_pdl,
+            check_divergence: false,
+        };
+        eprintln!(
+            "symm-bench --tune: W={world} ({}), {} sizes {}..{}",
+            match placement {
+                Placement::Virtual { device } => format!("virtual ranks on device {device}"),
+                Placement::PerGpu => "one rank per GPU".into(),
+            },
+            here.len(),
+            format_size(here[0]),
+            format_size(capacity)
+        );
+        'world: for &dtype in &dtypes {
+            let started = std::time::Instant::now();
+            for &size in &here {
+                let mut algos = Vec::with_capacity(4);
+                if size <= LL_TUNE_MAX {
+                    algos.push(AlgoChoice::LowLatency);
+                }
+                if size <= ONE_SHOT_SWEEP_MAX {
+                    algos.push(AlgoChoice::OneShot);
+                }
+                algos.push(AlgoChoice::TwoShot);
+                if nccl_ok && bench.nccl_ready() {
+                    algos.push(AlgoChoice::Nccl);
+                }
+                let done = match dtype {
+                    DType::BF16 => {
+                        bench.run_algos::<half::bf16>(&plan, size, &algos, &mut rows, &mut failures, &pb)
+                    }
+                    DType::F16 => {
+                        bench.run_algos::<half::f16>(&plan, size, &algos, &mut rows, &mut failures, &pb)
+                    }
+                    DType::F32 => bench.run_algos::<f32>(&plan, size, &algos, &mut rows, &mut failures, &pb),
+                };
+                if let Err(e) = done {
+                    // The communicators may be poisoned: this world stops here, the others
+                    // still run, and the table holds what was measured.
+                    let msg = format!(
+                        "W={world} {dtype} {}: {e}; W={world} stops here",
+                        format_size(size)
+                    );
+                    eprintln!("symm-bench: {msg}");
+                    failures.push(msg);
+                    break 'world;
+                }
+            }
+            eprintln!(
+                "symm-bench --tune: W={world} {dtype}: {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+        }
+        drop(bench);
+        write_table(out, &rows, &dtypes, &placements, &sizes, &device_names)?;
+        meta.failures = failures.clone();
+        if let Err(e) = report::write_files(&args.out, &meta, &rows) {
+            eprintln!("symm-bench: cannot write results to {}: {e}", args.out.display());
+        }
+    }
+
+    let (table, found, placement) = write_table(out, &rows, &dtypes, &placements, &sizes, &device_names)?;
+    meta.placement = placement;
+    meta.devices = device_names;
+    meta.capacity_bytes = sizes.last().copied().unwrap_or(0);
+    meta.failures = failures.clone();
+    meta.gate_timeouts = timing::gate_timeouts();
+    if let Err(e) = report::write_files(&args.out, &meta, &rows) {
+        eprintln!("symm-bench: cannot write results to {}: {e}", args.out.display());
+    }
+    print!("{}", summary(&table, &found));
+    for n in &meta.notes {
+        println!("# note: {n}");
+    }
+    println!(
+        "# table: {} (digest {:016x}); rows: {}",
+        out.display(),
+        table.digest(),
+        args.out.display()
+    );
+    println!(
+        "# use it: SYMM_ALLREDUCE_TUNING={} or Config::default().with_tuning_file(..)",
+        out.display()
+    );
+    if failures.is_empty() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!("symm-bench: {} row(s) failed:", failures.len());
+        for f in &failures {
+            eprintln!("  {f}");
+        }
+        Ok(ExitCode::from(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(algo: &str, world: usize, size: usize, us: f64) -> Row {
+        Row {
+            dtype: "bf16".into(),
+            mode: Mode::GraphAmortised,
+            algo: algo.into(),
+            kernel: algo.into(),
+            world,
+            size_bytes: size,
+            time_us: us,
+            ..Row::default()
+        }
+    }
+
+    /// Synthetic latency curves: low-latency 5 µs + 1 µs per 8 KiB, one-shot 10 µs + 1 µs per
+    /// 32 KiB, two-shot 15 µs + 1 µs per 128 KiB, NCCL 40 µs + 1 µs per 512 KiB.
+    fn model(algo: &str, size: usize) -> f64 {
+        let k = size as f64 / 1024.0;
+        match algo {
+            "low_latency" => 5.0 + k / 8.0,
+            "one_shot" => 10.0 + k / 32.0,
+            "two_shot" => 15.0 + k / 128.0,
+            _ => 40.0 + k / 512.0,
+        }
+    }
+
+    fn rows_for(world: usize, nccl: bool, noise: &dyn Fn(usize) -> f64) -> Vec<Row> {
+        let mut rows = Vec::new();
+        for (i, size) in tune_sizes().into_iter().enumerate() {
+            let mut algos = vec!["one_shot", "two_shot"];
+            if size <= LL_TUNE_MAX {
+                algos.insert(0, "low_latency");
+            }
+            if nccl {
+                algos.push("nccl");
+            }
+            for a in algos {
+                rows.push(row(a, world, size, model(a, size) * noise(i)));
+            }
+        }
+        rows
+    }
+
+    #[test]
+    fn sweeps_and_worlds() {
+        let s = tune_sizes();
+        assert_eq!(&s[..5], &[1024, 1536, 2048, 3072, 4096]);
+        assert_eq!(*s.last().unwrap(), 32 * MIB);
+        assert!(s.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(s.len(), 31);
+        assert_eq!(quick_tune_sizes().len(), 21);
+        assert_eq!(tune_worlds(8), vec![2, 4, 8]);
+        assert_eq!(tune_worlds(6), vec![2, 4, 6]);
+        assert_eq!(tune_worlds(2), vec![2]);
+        assert_eq!(tune_worlds(1), vec![1]);
+    }
+
+    #[test]
+    fn crossovers_follow_the_curves() {
+        // Exact crossovers of the model: ll = os at k = 5/(1/8 - 1/32) = 53.3 KiB; os = ts at
+        // k = 5/(1/32 - 1/128) = 213 KiB; ts = nccl at k = 25/(1/128 - 1/512) = 4267 KiB.
+        let rows = rows_for(8, true, &|_| 1.0);
+        let f = crossovers(&points(&rows, DType::BF16, 8), HYSTERESIS).unwrap();
+        // With 5% hysteresis the switch comes where the later one is 5% faster: the last
+        // size before it is the threshold.
+        assert_eq!(f.low_latency_max, 48 * KIB);
+        assert_eq!(f.one_shot_max, 192 * KIB);
+        assert_eq!(f.two_shot_max, Some(4 * MIB));
+        // Without NCCL there is no NCCL threshold.
+        let rows = rows_for(8, false, &|_| 1.0);
+        let f = crossovers(&points(&rows, DType::BF16, 8), HYSTERESIS).unwrap();
+        assert_eq!(
+            (f.low_latency_max, f.one_shot_max, f.two_shot_max),
+            (48 * KIB, 192 * KIB, None)
+        );
+    }
+
+    #[test]
+    fn one_noisy_size_does_not_move_a_crossover() {
+        // At 16 KiB (index 8) one-shot looks 30% faster than low-latency once; the next size
+        // reverses it, so low-latency keeps its range.
+        let clean = rows_for(4, false, &|_| 1.0);
+        let mut noisy = clean.clone();
+        for r in noisy
+            .iter_mut()
+            .filter(|r| r.size_bytes == 16 * KIB && r.algo == "low_latency")
+        {
+            r.time_us *= 2.0;
+        }
+        let a = crossovers(&points(&clean, DType::BF16, 4), HYSTERESIS).unwrap();
+        let b = crossovers(&points(&noisy, DType::BF16, 4), HYSTERESIS).unwrap();
+        assert_eq!(a, b);
+        // A slowdown that hits every algorithm alike at some sizes (a clock change) moves
+        // nothing: the algorithms are compared size by size.
+        let slowed = rows_for(4, false, &|i| if i % 3 == 0 { 1.3 } else { 1.0 });
+        assert_eq!(
+            crossovers(&points(&slowed, DType::BF16, 4), HYSTERESIS).unwrap(),
+            a
+        );
+    }
+
+    #[test]
+    fn edge_cases_of_the_scan() {
+        assert_eq!(last_win(&[], 0.05), LastWin::Unmeasured);
+        assert_eq!(last_win(&[(1, 10.0, 5.0), (2, 10.0, 5.0)], 0.05), LastWin::Never);
+        assert_eq!(
+            last_win(&[(1, 5.0, 10.0), (2, 5.0, 10.0)], 0.05),
+            LastWin::Throughout(2)
+        );
+        // A 3% win is inside the band: no switch.
+        assert_eq!(
+            last_win(&[(1, 10.0, 9.7), (2, 10.0, 9.7)], 0.05),
+            LastWin::Throughout(2)
+        );
+        // A clear win at the last size counts (nothing after it to contradict it).
+        assert_eq!(last_win(&[(1, 5.0, 10.0), (2, 10.0, 5.0)], 0.05), LastWin::At(1));
+        // Low-latency never faster: off; one-shot never faster: one-shot gets no sizes.
+        let pts = [
+            Point {
+                size: 1024,
+                low_latency: Some(9.0),
+                one_shot: Some(8.0),
+                two_shot: Some(5.0),
+                nccl: None,
+            },
+            Point {
+                size: 2048,
+                low_latency: None,
+                one_shot: Some(9.0),
+                two_shot: Some(5.0),
+                nccl: None,
+            },
+        ];
+        let f = crossovers(&pts, 0.05).unwrap();
+        assert_eq!((f.low_latency_max, f.one_shot_max, f.two_shot_max), (0, 0, None));
+        // Nothing measured for one-shot: no entry.
+        assert_eq!(crossovers(&[], 0.05), None);
+        // NCCL rows of another world (NCCL on one GPU) are not comparable.
+        let mut rows = rows_for(8, false, &|_| 1.0);
+        rows.push(row("nccl", 1, 1024, 0.1));
+        assert!(points(&rows, DType::BF16, 8).iter().all(|p| p.nccl.is_none()));
+    }
+
+    #[test]
+    fn the_written_table_reads_back_with_the_librarys_reader() {
+        let mut rows = rows_for(2, false, &|_| 1.0);
+        rows.extend(rows_for(8, true, &|_| 1.0));
+        let mut f32_rows = rows_for(8, false, &|_| 1.3);
+        for r in &mut f32_rows {
+            r.dtype = "f32".into();
+        }
+        rows.extend(f32_rows);
+        let measured = Measured {
+            device: "NVIDIA H200".into(),
+            driver: "580.95.05".into(),
+            date: rfc3339(1_796_284_800),
+            crate_version: symm_allreduce::VERSION.into(),
+            placement: "virtual".into(),
+            note: "test".into(),
+        };
+        let (table, found) =
+            table_from_rows(&rows, &[DType::BF16, DType::F32], &[2, 4, 8], measured).unwrap();
+        // (bf16, 2), (bf16, 8), (f32, 8); nothing measured at W=4, f32 W=2.
+        assert_eq!(table.entries().len(), 3);
+        assert_eq!(found.len(), 3);
+        let bf16_8 = table.get(DType::BF16, 8).unwrap();
+        assert_eq!(bf16_8.two_shot_max_bytes, Some(4 * MIB));
+        assert_eq!(table.get(DType::BF16, 4), None);
+
+        let text = table.to_json();
+        let back = TuningTable::from_json(&text).unwrap();
+        assert_eq!(back, table);
+        assert_eq!(back.digest(), table.digest());
+        assert_eq!(back.measured().date, "2026-12-03T08:00:00Z");
+
+        // The file loads through Config, and Auto then follows it.
+        let path = std::env::temp_dir().join(format!("symm-bench-tune-{}.json", std::process::id()));
+        std::fs::write(&path, &text).unwrap();
+        let config = Config::default().with_tuning_file(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(config.one_shot_limit(DType::BF16, 8), 192 * KIB);
+        assert_eq!(config.one_shot_limit(DType::BF16, 4), 512 * KIB);
+
+        let s = summary(&table, &found);
+        assert!(s.contains("NVIDIA H200 (driver 580.95.05, virtual ranks)"), "{s}");
+        assert!(
+            s.lines().any(|l| l.split_whitespace().collect::<Vec<_>>()
+                == ["bf16", "8", "48K", "192K", "4M", "|", "32K", "256K"]),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn dates_are_rfc3339_utc() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_796_284_800 + 3_661), "2026-12-03T09:01:01Z");
+        assert!(utc_now().ends_with('Z'));
+    }
+}
