@@ -162,6 +162,29 @@ pub enum Error {
         timeout: Duration,
     },
 
+    /// An all-gather whose per-rank counts differ across ranks, detected on the device
+    /// before any peer data is read: every rank reports it (at its next call or
+    /// `synchronize`), the output's peer chunks are left unwritten, and the communicator stays
+    /// usable.
+    #[error(
+        "rank {rank}: the all-gather counts differ from rank {peer}'s; every rank must pass the same          per-rank counts (and the same length to all_gather)"
+    )]
+    CountsMismatch {
+        /// The rank that reports it.
+        rank: usize,
+        /// The lowest rank whose counts differ from this rank's.
+        peer: usize,
+    },
+
+    /// Bad arguments to all_gather, all_gather_v or reduce_scatter (say which and why).
+    #[error("{call}: {reason}")]
+    InvalidCollective {
+        /// The call.
+        call: &'static str,
+        /// What is wrong and what to pass instead.
+        reason: String,
+    },
+
     /// Setup failed on some rank; every rank returns this (or its own error) together.
     #[error("setup step '{step}' failed {}: {reason}", on_rank(*.rank))]
     PeerSetupFailed {

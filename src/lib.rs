@@ -56,7 +56,7 @@ pub use bootstrap::{
 pub use communicator::{Communicator, LOG_ENV};
 pub use config::{validate_world, Algorithm, Config};
 pub use driver::probe::{context, device_count};
-pub use dtype::{DType, Element};
+pub use dtype::{DType, Element, Gatherable};
 pub use error::{BarrierPhase, Error, Result};
 pub use kernels::abi::MAX_RANKS;
 pub use kernels::{embedded_ptx, kernels_available, ptxas_report};
