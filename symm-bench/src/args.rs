@@ -100,6 +100,23 @@ pub struct Args {
     #[arg(long = "timeout", value_name = "SECS", default_value_t = 3600,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout_secs: u64,
+
+    /// Collectives measured at each size: all_reduce (the --algos rows), all_gather and
+    /// reduce_scatter (8 KiB..64 MiB, nccl-tests sizes: the gathered output / the
+    /// reduce-scatter input; busbw = algbw·(W-1)/W). Threads launcher only.
+    #[arg(long, value_delimiter = ',', default_value = "all_reduce")]
+    pub collectives: Vec<CollectiveChoice>,
+}
+
+/// One entry of `--collectives`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum)]
+pub enum CollectiveChoice {
+    #[value(name = "all_reduce")]
+    AllReduce,
+    #[value(name = "all_gather")]
+    AllGather,
+    #[value(name = "reduce_scatter")]
+    ReduceScatter,
 }
 
 /// `--launcher`.
@@ -310,6 +327,8 @@ pub struct RunPlan {
     pub iters: Option<usize>,
     /// `--quick`.
     pub quick: bool,
+    /// `--collectives`, in flag order, without repeats.
+    pub collectives: Vec<CollectiveChoice>,
 }
 
 impl RunPlan {
@@ -330,6 +349,7 @@ impl RunPlan {
             modes: Mode::ALL.into_iter().filter(|m| args.modes.contains(m)).collect(),
             iters: args.iters.map(|n| n as usize),
             quick: args.quick,
+            collectives: dedup(&args.collectives),
         }
     }
 

@@ -1,5 +1,7 @@
 //! The GPU side: placement, communicators, buffers, verification and the timed rows.
 
+mod collectives;
+
 use std::sync::Arc;
 
 use indicatif::ProgressBar;
@@ -7,7 +9,7 @@ use symm_allreduce::cudarc::driver::{sys, CudaContext, CudaGraph, CudaSlice, Cud
 use symm_allreduce::cudarc::nccl::{group_end, group_start, ReduceOp};
 use symm_allreduce::{Algorithm, Communicator, Config, DType};
 
-use crate::args::{format_size, round_to_elements, AlgoChoice, Mode, RunPlan};
+use crate::args::{format_size, round_to_elements, AlgoChoice, CollectiveChoice, Mode, RunPlan};
 use crate::data::{random_input, seed, BenchElem, Expected};
 use crate::nccl::Baseline;
 use crate::report::Row;
@@ -344,8 +346,9 @@ impl Bench {
         let len = bytes / dtype.size();
         pb.set_message(format!("{dtype} {}: filling inputs", format_size(bytes)));
         let mut buffers = self.buffers::<T>(bytes, len)?;
+        let all_reduce = plan.collectives.contains(&CollectiveChoice::AllReduce);
         for &algo in &plan.algos {
-            if !plan.runs(algo, size) {
+            if !all_reduce || !plan.runs(algo, size) {
                 continue;
             }
             pb.set_message(format!("{dtype} {} {}", format_size(bytes), algo.name()));
@@ -372,6 +375,19 @@ impl Bench {
                 Err(e) => return Err(e),
             }
             pb.inc(1);
+        }
+        for &c in &plan.collectives {
+            if c != CollectiveChoice::AllReduce {
+                match self.collective_rows::<T>(plan, c, size, rows) {
+                    Ok(()) => {}
+                    Err(BenchError::Verify(why)) => {
+                        let msg = format!("{dtype} {size} B {c:?}: verification failed, row skipped: {why}");
+                        pb.suspend(|| eprintln!("symm-bench: {msg}"));
+                        failures.push(msg);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
         }
         for s in &self.streams {
             s.synchronize()?;
