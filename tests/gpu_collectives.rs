@@ -38,11 +38,18 @@ fn config(capacity_bytes: usize) -> Config {
 /// gathers copy bits).
 fn random_elems<T: Gatherable>(g: &mut StdRng, len: usize) -> Vec<T> {
     let bytes: Vec<u8> = (0..len * std::mem::size_of::<T>()).map(|_| g.random()).collect();
-    bytemuck::pod_collect_to_vec(&bytes)
+    from_bytes(&bytes)
+}
+
+fn from_bytes<T: Gatherable>(bytes: &[u8]) -> Vec<T> {
+    bytes
+        .chunks_exact(std::mem::size_of::<T>())
+        .map(bytemuck::pod_read_unaligned)
+        .collect()
 }
 
 fn poison<T: Gatherable>(len: usize) -> Vec<T> {
-    bytemuck::pod_collect_to_vec(&vec![0xA5u8; len * std::mem::size_of::<T>()])
+    from_bytes(&vec![0xA5u8; len * std::mem::size_of::<T>()])
 }
 
 fn same_bytes<T: Gatherable>(what: &str, expected: &[T], got: &[T]) -> Result<(), String> {
