@@ -11,6 +11,13 @@
 
 mod common;
 
+mod support {
+    pub mod counting_alloc;
+}
+
+#[global_allocator]
+static GLOBAL: support::counting_alloc::Counting = support::counting_alloc::Counting;
+
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -638,6 +645,58 @@ fn all_gather_v_counts_that_disagree_error_on_every_rank(ctx: Arc<CudaContext>) 
     }
 }
 
+/// Thousands of eager all_gather / all_gather_v / reduce_scatter calls (kernel routes) after
+/// a warm-up: the call path makes no heap allocation (a counting global allocator, per
+/// thread), the property graph capture needs.
+fn collective_calls_allocate_nothing(ctx: Arc<CudaContext>) {
+    const W: usize = 2;
+    let (comms, streams) = group(&ctx, W, config(1 << 20));
+    let counts = [1000usize, 37];
+    let ins: Vec<_> = (0..W)
+        .map(|r| {
+            let s = &streams[r];
+            (
+                s.clone_htod(&vec![bf16::ONE; 4099]).unwrap(),
+                s.clone_htod(&vec![1u8; counts[r]]).unwrap(),
+                s.clone_htod(&vec![f16::ONE; 2 * 777]).unwrap(),
+            )
+        })
+        .collect();
+    let mut outs: Vec<_> = (0..W)
+        .map(|r| {
+            let s = &streams[r];
+            (
+                s.alloc_zeros::<bf16>(4099 * W).unwrap(),
+                s.alloc_zeros::<u8>(1037).unwrap(),
+                s.alloc_zeros::<f16>(777).unwrap(),
+            )
+        })
+        .collect();
+    let mut round = || {
+        for r in 0..W {
+            let (c, s, i, o) = (&comms[r], &streams[r], &ins[r], &mut outs[r]);
+            c.all_gather(&i.0, &mut o.0, s).unwrap();
+            c.all_gather_v(&i.1, &counts, &mut o.1, s).unwrap();
+            c.reduce_scatter(&i.2, &mut o.2, s).unwrap();
+            c.check_usable().unwrap();
+        }
+    };
+    round();
+    sync_all(&comms, &streams).unwrap();
+    let before = support::counting_alloc::allocations();
+    for _ in 0..1000 {
+        round();
+    }
+    let made = support::counting_alloc::allocations() - before;
+    sync_all(&comms, &streams).unwrap();
+    assert_eq!(made, 0, "3000 collective calls per rank allocated {made} times");
+    let out = streams[0].clone_dtoh(&outs[0].2).unwrap();
+    assert!(
+        out.iter().all(|&x| x == f16::from_f32(2.0)),
+        "reduce_scatter of ones over 2 ranks"
+    );
+}
+
 fn main() -> std::process::ExitCode {
     common::harness::run(
         "gpu_collectives",
@@ -650,6 +709,7 @@ fn main() -> std::process::ExitCode {
             gpu_test!(graph_of_collectives_replays_on_new_inputs),
             gpu_test!(bad_collective_inputs_are_typed_errors),
             gpu_test!(all_gather_v_counts_that_disagree_error_on_every_rank),
+            gpu_test!(collective_calls_allocate_nothing),
         ],
     )
 }
