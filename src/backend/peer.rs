@@ -108,17 +108,18 @@ impl PeerBackend {
         self.error.read()
     }
 
-    /// Launches the all-gather kernel: this rank's `counts.bytes[rank]` bytes at `input`,
-    /// the gathered bytes into `output`. The caller validated both ranges (16-byte aligned,
+    /// Launches the all-gather kernel: `counts` are the per-rank byte counts (this rank's
+    /// bytes at `input`, the gathered bytes into `output`). The caller validated both ranges (16-byte aligned,
     /// this rank's device, the counts' sizes) and made the context current.
     pub(crate) fn launch_gather(
         &self,
         plan: Plan,
         input: u64,
         output: u64,
-        counts: &GatherCounts,
+        counts: impl IntoIterator<Item = usize>,
         stream: &CudaStream,
     ) -> Result<()> {
+        let counts = GatherCounts::from_bytes(counts);
         // Every dtype column holds the same byte kernel.
         let func = self.kernels.get(Kernel::AllGather, crate::dtype::DType::F32)?;
         // SAFETY: the table's all-gather entries take (const T*, T*, u64, SymmArgs,
@@ -131,7 +132,7 @@ impl PeerBackend {
                 input,
                 output,
                 &self.args,
-                counts,
+                &counts,
                 stream,
             )
         }

@@ -12,8 +12,6 @@ use crate::config::Algorithm;
 use crate::driver::nvtx;
 use crate::dtype::{DType, Element, Gatherable};
 use crate::error::{CudaResultExt, Error, Result};
-use crate::kernels::abi::MAX_RANKS;
-use crate::kernels::coll::GatherCounts;
 use crate::plan::collective::{
     explain_collective, route_collective, validate_all_gather, validate_all_gather_v,
     validate_reduce_scatter, CollShape, Collective,
@@ -63,9 +61,9 @@ impl Communicator {
         let shape = validate_all_gather(size, input.len(), output.len(), self.world)?;
         let route = route_collective(&shape, &self.config, algorithm, self.facts())?;
         let chunk = input.len() * size;
-        let counts = GatherCounts::from_bytes(std::iter::repeat_n(chunk, self.world));
+        let counts = std::iter::repeat_n(chunk, self.world);
         self.with_addresses(input, output, stream, |b| {
-            self.run_gather(&shape, &route, b, &counts, stream)
+            self.run_gather(&shape, &route, b, counts, stream)
         })
     }
 
@@ -91,9 +89,9 @@ impl Communicator {
         let size = std::mem::size_of::<T>();
         let shape = validate_all_gather_v(size, counts, self.rank, input.len(), output.len(), self.world)?;
         let route = route_collective(&shape, &self.config, Algorithm::Auto, self.facts())?;
-        let counts = GatherCounts::from_bytes(counts.iter().map(|&c| c * size));
+        let bytes = counts.iter().map(|&c| c * size);
         self.with_addresses(input, output, stream, |b| {
-            self.run_gather(&shape, &route, b, &counts, stream)
+            self.run_gather(&shape, &route, b, bytes, stream)
         })
     }
 
@@ -255,7 +253,7 @@ impl Communicator {
         shape: &CollShape,
         route: &Route,
         b: &Buffers,
-        counts: &GatherCounts,
+        counts: impl Iterator<Item = usize> + Clone,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let _range = nvtx::Range::new(|| {
@@ -280,7 +278,7 @@ impl Communicator {
                 self.placement(b, false)?;
                 self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
                 self.order_after_previous_call(stream)?;
-                let chunk = counts.bytes[self.rank.min(MAX_RANKS - 1)] as usize;
+                let chunk = counts.clone().nth(self.rank).unwrap_or(0);
                 self.nccl()?
                     .all_gather_bytes(b.input, b.output, chunk, self.world, stream)
             }
