@@ -85,6 +85,29 @@ pub trait Element:
     const DTYPE: DType;
 }
 
+mod gather_sealed {
+    pub trait Sealed {}
+    impl Sealed for u8 {}
+    impl Sealed for i8 {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+}
+
+/// A type [`crate::Communicator::all_gather`] and `all_gather_v` move: they copy bytes, so
+/// besides the three float types they take `u8` and `i8` buffers (packed fp8, fp4 or int8
+/// data). Not a reduction type: [`Element`] (and [`DType`]) stay the types the sums take.
+pub trait Gatherable:
+    gather_sealed::Sealed + DeviceRepr + ValidAsZeroBits + bytemuck::Pod + Send + Sync + 'static
+{
+}
+
+impl Gatherable for u8 {}
+impl Gatherable for i8 {}
+impl Gatherable for f32 {}
+impl Gatherable for half::f16 {}
+impl Gatherable for half::bf16 {}
+
 #[cfg(test)]
 mod tests {
     use super::*;

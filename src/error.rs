@@ -183,6 +183,29 @@ pub enum Error {
         peer_call: String,
     },
 
+    /// An all-gather whose per-rank counts differ across ranks, detected on the device
+    /// before any peer data is read: every rank reports it (at its next call or
+    /// `synchronize`), the output's peer chunks are left unwritten, and the communicator stays
+    /// usable.
+    #[error(
+        "rank {rank}: the all-gather counts differ from rank {peer}'s; every rank must pass the same          per-rank counts (and the same length to all_gather)"
+    )]
+    CountsMismatch {
+        /// The rank that reports it.
+        rank: usize,
+        /// The lowest rank whose counts differ from this rank's.
+        peer: usize,
+    },
+
+    /// Bad arguments to all_gather, all_gather_v or reduce_scatter (say which and why).
+    #[error("{call}: {reason}")]
+    InvalidCollective {
+        /// The call.
+        call: &'static str,
+        /// What is wrong and what to pass instead.
+        reason: String,
+    },
+
     /// Setup failed on some rank; every rank returns this (or its own error) together.
     #[error("setup step '{step}' failed {}: {reason}", on_rank(*.rank))]
     PeerSetupFailed {
@@ -361,7 +384,7 @@ mod tests {
     /// Number of `Error` variants; `variant` below matches them exhaustively, so a new
     /// variant does not compile until it gets an index here, and the test fails until
     /// `every_error` constructs it.
-    const VARIANTS: usize = 26;
+    const VARIANTS: usize = 28;
 
     /// A stable index per variant and the text its message must contain to say what to do
     /// (`None` where the message carries the cause only).
@@ -393,6 +416,8 @@ mod tests {
             Error::Diverged { .. } => (23, Some("every rank must make the same calls")),
             Error::InvalidTuning { .. } => (24, None),
             Error::TuningMismatch { .. } => (25, Some("every rank must use the same table")),
+            Error::CountsMismatch { .. } => (26, Some("every rank must pass the same")),
+            Error::InvalidCollective { .. } => (27, None),
         }
     }
 
@@ -489,6 +514,11 @@ mod tests {
                 rank: 1,
                 ours: "the published starting points".into(),
                 theirs: "tuning table 0123abcd".into(),
+            },
+            Error::CountsMismatch { rank: 0, peer: 1 },
+            Error::InvalidCollective {
+                call: "all_gather_v",
+                reason: "counts has 3 entries, the world is 4".into(),
             },
         ]
     }

@@ -59,7 +59,7 @@ pub use config::{
     TUNING_ENV, TUNING_FORMAT, TUNING_VERSION, VERSION,
 };
 pub use driver::probe::{context, device_count};
-pub use dtype::{DType, Element};
+pub use dtype::{DType, Element, Gatherable};
 pub use error::{BarrierPhase, Error, Result};
 pub use kernels::abi::MAX_RANKS;
 pub use kernels::{embedded_ptx, kernels_available, ptxas_report};

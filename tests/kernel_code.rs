@@ -93,7 +93,14 @@ fn every_kernel_is_present_and_peer_data_moves_in_16_byte_packs() {
         return;
     }
     let ptx = symm_allreduce::embedded_ptx();
-    for algo in ["one_shot", "two_shot", "in_place", "one_shot_ll"] {
+    for algo in [
+        "one_shot",
+        "two_shot",
+        "in_place",
+        "one_shot_ll",
+        "all_gather",
+        "reduce_scatter",
+    ] {
         for dtype in ["f32", "f16", "bf16"] {
             let name = format!(".entry symm_{algo}_{dtype}(");
             assert!(ptx.contains(&name), "missing kernel {name}");
@@ -141,8 +148,8 @@ fn ptxas_reports_no_spills_and_no_stack_frame() {
             );
         }
     }
-    // (4 kernels × 3 dtypes + empty, sync floor, spin) × 2 SASS targets.
-    assert_eq!(functions, 30, "unexpected ptxas report:\n{report}");
+    // (6 registry rows × 3 dtypes + empty, sync floor, spin) × 2 SASS targets.
+    assert_eq!(functions, 42, "unexpected ptxas report:\n{report}");
 }
 
 #[test]

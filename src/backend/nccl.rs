@@ -8,7 +8,7 @@ use std::sync::Arc;
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop,
 };
-use cudarc::nccl::{Comm, ReduceOp};
+use cudarc::nccl::{Comm, NcclType, ReduceOp};
 
 use crate::dtype::Element;
 use crate::error::{CudaResultExt, Error, Result};
@@ -101,6 +101,94 @@ impl Fallback {
             }
         }
     }
+    /// Gathers `chunk_bytes` bytes from every rank (rank-major) into `output`, as
+    /// `ncclAllGather` of `ncclUint8`. The caller validated both ranges (`chunk_bytes` at
+    /// `input`, `world · chunk_bytes` at `output`, device memory of this device).
+    pub(crate) fn all_gather_bytes(
+        &self,
+        input: u64,
+        output: u64,
+        chunk_bytes: usize,
+        world: usize,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        match self {
+            Fallback::Raw(c) => {
+                c.async_error()?;
+                // SAFETY: live communicator; the caller validated the ranges; live stream.
+                unsafe { c.all_gather(input, output, chunk_bytes, u8::as_nccl_type(), stream) }
+            }
+            Fallback::Cudarc { comm, fork, join } => on_nccl_stream(comm.get(), fork, join, stream, |s| {
+                let src = RawRange::<u8>::new(input, chunk_bytes, s);
+                let mut dst = RawRange::<u8>::new(output, chunk_bytes * world, s);
+                comm.get()
+                    .all_gather(&src, &mut dst)
+                    .map(|_| ())
+                    .map_err(Error::from_cudarc_nccl("ncclAllGather"))
+            }),
+        }
+    }
+
+    /// Sums `world · len` elements at `input` over all ranks and leaves this rank's `len` at
+    /// `output`, as `ncclReduceScatter`. The caller validated both ranges.
+    pub(crate) fn reduce_scatter<T: Element>(
+        &self,
+        input: u64,
+        output: u64,
+        len: usize,
+        world: usize,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        match self {
+            Fallback::Raw(c) => {
+                c.async_error()?;
+                // SAFETY: live communicator; the caller validated the ranges; live stream.
+                unsafe { c.reduce_scatter(input, output, len, T::as_nccl_type(), stream) }
+            }
+            Fallback::Cudarc { comm, fork, join } => on_nccl_stream(comm.get(), fork, join, stream, |s| {
+                let src = RawRange::<T>::new(input, len * world, s);
+                let mut dst = RawRange::<T>::new(output, len, s);
+                comm.get()
+                    .reduce_scatter(&src, &mut dst, &ReduceOp::Sum)
+                    .map(|_| ())
+                    .map_err(Error::from_cudarc_nccl("ncclReduceScatter"))
+            }),
+        }
+    }
+}
+
+impl<T> RawRange<T> {
+    fn new(ptr: u64, len: usize, stream: &Arc<CudaStream>) -> Self {
+        RawRange {
+            ptr,
+            len,
+            stream: stream.clone(),
+            _type: PhantomData,
+        }
+    }
+}
+
+/// Runs `call` on the cudarc communicator's stream, ordered after `stream` and back (nothing
+/// extra when they are the same stream).
+fn on_nccl_stream(
+    comm: &Comm,
+    fork: &CudaEvent,
+    join: &CudaEvent,
+    stream: &CudaStream,
+    call: impl FnOnce(&Arc<CudaStream>) -> Result<()>,
+) -> Result<()> {
+    let nccl_stream = comm.stream();
+    let same = nccl_stream.cu_stream() == stream.cu_stream();
+    if !same {
+        fork.record(stream).during("cuEventRecord")?;
+        nccl_stream.wait(fork).during("cuStreamWaitEvent")?;
+    }
+    call(&nccl_stream)?;
+    if !same {
+        join.record(&nccl_stream).during("cuEventRecord")?;
+        stream.wait(join).during("cuStreamWaitEvent")?;
+    }
+    Ok(())
 }
 
 fn cudarc_all_reduce<T: Element>(

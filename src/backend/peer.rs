@@ -9,7 +9,8 @@ use crate::config::Config;
 use crate::driver::host::ErrorWord;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::kernels::abi::{check_shape, decode_error, SymmArgs};
+use crate::kernels::abi::{check_shape, SymmArgs};
+use crate::kernels::coll::{self, GatherCounts};
 use crate::kernels::launch;
 use crate::kernels::registry::Kernel;
 use crate::kernels::Kernels;
@@ -82,7 +83,12 @@ impl PeerBackend {
     pub(crate) fn kernel_error(&self, timeout: Duration) -> Option<Error> {
         match self.error.read() {
             0 => None,
-            code => Some(decode_error(code, self.error.record(), timeout)),
+            code => Some(coll::decode(
+                code,
+                self.args.rank as usize,
+                self.error.record(),
+                timeout,
+            )),
         }
     }
 
@@ -104,6 +110,63 @@ impl PeerBackend {
             self.check_shape(Some(kernel), call.dtype),
             stream,
         )
+    }
+
+    /// Clears the error word if it still holds `code` (a reported counts mismatch, which
+    /// leaves the protocol consistent); a code a later kernel wrote meanwhile is kept.
+    pub(crate) fn clear_error(&self, code: u32) {
+        self.error.clear_if(code);
+    }
+
+    /// The error word's raw code (0: none).
+    pub(crate) fn error_code(&self) -> u32 {
+        self.error.read()
+    }
+
+    /// Launches the all-gather kernel: `counts` are the per-rank byte counts (this rank's
+    /// bytes at `input`, the gathered bytes into `output`). The caller validated both ranges (16-byte aligned,
+    /// this rank's device, the counts' sizes) and made the context current.
+    pub(crate) fn launch_gather(
+        &self,
+        plan: Plan,
+        input: u64,
+        output: u64,
+        counts: impl IntoIterator<Item = usize>,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        let counts = GatherCounts::from_bytes(counts);
+        // Every dtype column holds the same byte kernel.
+        let func = self.kernels.get(Kernel::AllGather, crate::dtype::DType::F32)?;
+        // SAFETY: the table's all-gather entries take (const T*, T*, u64, SymmArgs,
+        // GatherCounts); the caller validated the ranges; the workspace and the error word
+        // outlive the launch (the communicator's Drop synchronises first).
+        unsafe {
+            launch::launch_gather(
+                func,
+                (plan.blocks, plan.threads),
+                input,
+                output,
+                &self.args,
+                &counts,
+                stream,
+            )
+        }
+    }
+
+    /// Launches the reduce-scatter kernel of `dtype`: `world · len` elements at `input`,
+    /// this rank's `len` into `output`. The caller validated the ranges.
+    pub(crate) fn launch_reduce_scatter(
+        &self,
+        plan: Plan,
+        dtype: crate::dtype::DType,
+        input: u64,
+        output: u64,
+        len: usize,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        let func = self.kernels.get(Kernel::ReduceScatter, dtype)?;
+        let shape = self.check_shape(Some(Kernel::ReduceScatter), dtype);
+        self.launch_function(func, plan, (input, output, len), shape, stream)
     }
 
     /// Launches the body-less kernel with `plan`'s grid.

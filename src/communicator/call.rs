@@ -227,7 +227,8 @@ impl Communicator {
         if let Ok(nccl) = self.nccl() {
             nccl.async_error()?;
         }
-        self.check_usable()
+        self.check_usable()?;
+        self.take_counts_mismatch()
     }
 
     /// Returns the error that made this communicator unusable, if any, without a CUDA call:
@@ -243,7 +244,8 @@ impl Communicator {
             return Ok(());
         };
         match peer.kernel_error(self.config.timeout) {
-            None => Ok(()),
+            // Not a failure of the communicator: reported (once) by `synchronize`.
+            None | Some(Error::CountsMismatch { .. }) => Ok(()),
             Some(err) => {
                 *self.poisoned.borrow_mut() = Some(err.clone());
                 Err(err)
@@ -254,7 +256,7 @@ impl Communicator {
     /// Orders this call after the communicator's previous one when it comes on another
     /// stream: an event recorded on the previous stream, waited for by this one (both
     /// capturable). Two calls of one rank never run at once, whatever streams they come on.
-    fn order_after_previous_call(&self, stream: &Arc<CudaStream>) -> Result<()> {
+    pub(super) fn order_after_previous_call(&self, stream: &Arc<CudaStream>) -> Result<()> {
         let mut order = self.order.borrow_mut();
         match &order.last {
             Some(last) if last.cu_stream() == stream.cu_stream() => return Ok(()),

@@ -3,6 +3,7 @@
 //! [`call`], the in-process group in [`local_group`].
 
 mod call;
+mod collectives;
 mod local_group;
 
 use std::cell::RefCell;

@@ -68,6 +68,21 @@ impl ErrorWord {
         std::array::from_fn(|i| unsafe { std::ptr::read_volatile(words.add(1 + i)) })
     }
 
+    /// Sets the word to 0 if it still holds `code` (one atomic compare-and-swap: a code a
+    /// kernel stores meanwhile is never lost). Returns whether it did.
+    pub(crate) fn clear_if(&self, code: u32) -> bool {
+        // SAFETY: `host` points to a live, 4-aligned u32 owned by self for its whole life;
+        // every host access to it is atomic or volatile, and the device only stores to it.
+        let word = unsafe { std::sync::atomic::AtomicU32::from_ptr(self.host) };
+        word.compare_exchange(
+            code,
+            0,
+            std::sync::atomic::Ordering::SeqCst,
+            std::sync::atomic::Ordering::SeqCst,
+        )
+        .is_ok()
+    }
+
     pub(crate) fn clear(&self) {
         // SAFETY: as in `read`; the 64 bytes are owned by self.
         unsafe { std::ptr::write_bytes(self.host.cast::<u8>(), 0, 64) }

@@ -6,6 +6,7 @@ use std::ffi::c_void;
 use cudarc::driver::{result, sys, CudaFunction, CudaStream};
 
 use super::abi::SymmArgs;
+use super::coll::GatherCounts;
 use crate::error::{CudaResultExt, Result};
 
 /// Launches `func(input, output, len, args)` with `blocks × threads` on `stream`. The context
@@ -92,6 +93,50 @@ pub(crate) unsafe fn write_u64(dst: u64, value: u64, stream: &CudaStream) -> Res
         code.result().during("cuMemsetD32Async")?;
     }
     Ok(())
+}
+
+/// Launches the all-gather kernel `func(input, output, 0, args, counts)` with
+/// `blocks × threads` on `stream`. The context of `stream` must be current.
+///
+/// # Safety
+/// `func` takes exactly `(const T*, T*, u64, SymmArgs, GatherCounts)`; `input` is a 16-byte
+/// aligned device range of `counts.bytes[args.rank]` bytes and `output` one of the sum of the
+/// counts, on the stream's device; every address in `args` is mapped on that device until
+/// the launch completes.
+pub(crate) unsafe fn launch_gather(
+    func: &CudaFunction,
+    (blocks, threads): (u32, u32),
+    input: u64,
+    output: u64,
+    args: &SymmArgs,
+    counts: &GatherCounts,
+    stream: &CudaStream,
+) -> Result<()> {
+    let mut input = input;
+    let mut output = output;
+    let mut n = 0u64;
+    let mut args = *args;
+    let mut counts = *counts;
+    let mut params: [*mut c_void; 5] = [
+        (&mut input as *mut u64).cast(),
+        (&mut output as *mut u64).cast(),
+        (&mut n as *mut u64).cast(),
+        (&mut args as *mut SymmArgs).cast(),
+        (&mut counts as *mut GatherCounts).cast(),
+    ];
+    // SAFETY: the caller guarantees the signature and the ranges; `params` points at locals
+    // that outlive the call (the driver copies them at launch).
+    unsafe {
+        result::launch_kernel(
+            func.cu_function(),
+            (blocks, 1, 1),
+            (threads, 1, 1),
+            0,
+            stream.cu_stream(),
+            &mut params,
+        )
+    }
+    .during("cuLaunchKernel")
 }
 
 /// Copies `bytes` from `src` to `dst` on `stream` (asynchronous, capturable). The context of

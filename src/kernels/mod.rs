@@ -3,6 +3,7 @@
 //! ([`launch`]).
 
 pub(crate) mod abi;
+pub(crate) mod coll;
 pub(crate) mod launch;
 pub(crate) mod registry;
 

@@ -22,6 +22,10 @@ pub(crate) enum Kernel {
     TwoShot,
     InPlace,
     LowLatency,
+    /// All-gather (byte-typed: every dtype column is the same byte kernel).
+    AllGather,
+    /// Reduce-scatter, one-shot.
+    ReduceScatter,
 }
 
 /// One registry row.
@@ -36,7 +40,7 @@ pub(crate) struct KernelSpec {
 }
 
 /// Every kernel, in table order.
-pub(crate) const KERNELS: [KernelSpec; 4] = [
+pub(crate) const KERNELS: [KernelSpec; 6] = [
     KernelSpec {
         kernel: Kernel::OneShot,
         prefix: "one_shot",
@@ -61,6 +65,18 @@ pub(crate) const KERNELS: [KernelSpec; 4] = [
         min_arch: 80,
         family: Family::OneShot,
     },
+    KernelSpec {
+        kernel: Kernel::AllGather,
+        prefix: "all_gather",
+        min_arch: 80,
+        family: Family::OneShot,
+    },
+    KernelSpec {
+        kernel: Kernel::ReduceScatter,
+        prefix: "reduce_scatter",
+        min_arch: 80,
+        family: Family::OneShot,
+    },
 ];
 
 /// The body-less kernel with the common signature (the benchmark's launch floor).
@@ -79,6 +95,8 @@ impl Kernel {
             Kernel::TwoShot => 1,
             Kernel::InPlace => 2,
             Kernel::LowLatency => 3,
+            Kernel::AllGather => 4,
+            Kernel::ReduceScatter => 5,
         }
     }
 

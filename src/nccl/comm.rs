@@ -97,6 +97,44 @@ impl RawComm {
         }
     }
 
+    /// `ncclAllGather` of `send_count` elements per rank (see [`NcclLibrary::all_gather`]).
+    ///
+    /// # Safety
+    /// As [`NcclLibrary::all_gather`].
+    pub(crate) unsafe fn all_gather(
+        &self,
+        input: u64,
+        output: u64,
+        send_count: usize,
+        dtype: sys::ncclDataType_t,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        // SAFETY: the communicator is live; the caller guarantees the ranges.
+        unsafe {
+            self.library
+                .all_gather(self.comm, input, output, send_count, dtype, stream.cu_stream())
+        }
+    }
+
+    /// `ncclReduceScatter(sum)` into `recv_count` elements (see [`NcclLibrary::reduce_scatter`]).
+    ///
+    /// # Safety
+    /// As [`NcclLibrary::reduce_scatter`].
+    pub(crate) unsafe fn reduce_scatter(
+        &self,
+        input: u64,
+        output: u64,
+        recv_count: usize,
+        dtype: sys::ncclDataType_t,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        // SAFETY: the communicator is live; the caller guarantees the ranges.
+        unsafe {
+            self.library
+                .reduce_scatter(self.comm, input, output, recv_count, dtype, stream.cu_stream())
+        }
+    }
+
     /// The library it was made by.
     pub(crate) fn library(&self) -> &'static NcclLibrary {
         self.library

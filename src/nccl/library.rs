@@ -35,6 +35,9 @@ type AllReduceFn = unsafe extern "C" fn(
     sys::ncclComm_t,
     *mut c_void,
 ) -> c_int;
+type AllGatherFn =
+    unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, sys::ncclComm_t, *mut c_void) -> c_int;
+type ReduceScatterFn = AllReduceFn;
 type GetErrorStringFn = unsafe extern "C" fn(c_int) -> *const c_char;
 
 /// NCCL's functions, resolved once per process. Return codes are read as plain integers
@@ -47,6 +50,8 @@ pub(crate) struct NcclLibrary {
     comm_abort: CommAbortFn,
     comm_get_async_error: CommGetAsyncErrorFn,
     all_reduce: AllReduceFn,
+    all_gather: AllGatherFn,
+    reduce_scatter: ReduceScatterFn,
     get_error_string: GetErrorStringFn,
     // Keeps the function pointers above valid; never unloaded (lives in a static).
     _library: libloading::Library,
@@ -156,6 +161,10 @@ fn bind(library: libloading::Library, name: &str) -> std::result::Result<NcclLib
         comm_get_async_error: unsafe { symbol(&library, "ncclCommGetAsyncError")? },
         // SAFETY: see above.
         all_reduce: unsafe { symbol(&library, "ncclAllReduce")? },
+        // SAFETY: see above.
+        all_gather: unsafe { symbol(&library, "ncclAllGather")? },
+        // SAFETY: see above (same prototype as ncclAllReduce, with recvcount).
+        reduce_scatter: unsafe { symbol(&library, "ncclReduceScatter")? },
         // SAFETY: see above.
         get_error_string: unsafe { symbol(&library, "ncclGetErrorString")? },
         _library: library,
@@ -273,6 +282,66 @@ impl NcclLibrary {
             )
         };
         self.check(code, "ncclAllReduce")
+    }
+
+    /// `ncclAllGather` of `send_count` elements of `dtype` per rank from `input` into
+    /// `output` (rank-major, `world · send_count` elements) on `stream`.
+    ///
+    /// # Safety
+    /// `comm` is live; `input` holds `send_count` and `output` `world · send_count` elements
+    /// of `dtype` of device memory on the communicator's device, live until the call completes
+    /// on `stream`, a live stream of that device.
+    pub(crate) unsafe fn all_gather(
+        &self,
+        comm: sys::ncclComm_t,
+        input: u64,
+        output: u64,
+        send_count: usize,
+        dtype: sys::ncclDataType_t,
+        stream: CUstream,
+    ) -> Result<()> {
+        // SAFETY: the caller's guarantee.
+        let code = unsafe {
+            (self.all_gather)(
+                input as *const c_void,
+                output as *mut c_void,
+                send_count,
+                dtype as c_int,
+                comm,
+                stream as *mut c_void,
+            )
+        };
+        self.check(code, "ncclAllGather")
+    }
+
+    /// `ncclReduceScatter(sum)`: `world · recv_count` elements of `dtype` from `input`, this
+    /// rank's `recv_count` into `output`, on `stream`.
+    ///
+    /// # Safety
+    /// As [`NcclLibrary::all_gather`], with `input` holding `world · recv_count` elements and
+    /// `output` `recv_count`.
+    pub(crate) unsafe fn reduce_scatter(
+        &self,
+        comm: sys::ncclComm_t,
+        input: u64,
+        output: u64,
+        recv_count: usize,
+        dtype: sys::ncclDataType_t,
+        stream: CUstream,
+    ) -> Result<()> {
+        // SAFETY: the caller's guarantee.
+        let code = unsafe {
+            (self.reduce_scatter)(
+                input as *const c_void,
+                output as *mut c_void,
+                recv_count,
+                dtype as c_int,
+                sys::ncclRedOp_t::ncclSum as c_int,
+                comm,
+                stream as *mut c_void,
+            )
+        };
+        self.check(code, "ncclReduceScatter")
     }
 }
 

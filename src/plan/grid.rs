@@ -41,7 +41,9 @@ pub(crate) fn grid(kernel: Kernel, len: usize, dtype: DType, world: usize, limit
     let work = match kernel {
         Kernel::TwoShot | Kernel::InPlace => packs.div_ceil(world),
         Kernel::LowLatency => (len * dtype.size()).div_ceil(16),
-        Kernel::OneShot => packs,
+        // Reduce-scatter: `len` is the per-rank output (one slice); all-gather: `len` is the
+        // largest per-rank chunk (its grid is sized in plan::collective).
+        Kernel::OneShot | Kernel::AllGather | Kernel::ReduceScatter => packs,
     };
     let wanted = work.div_ceil(THREADS_PER_BLOCK as usize).max(1);
     Plan {

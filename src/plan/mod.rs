@@ -8,6 +8,7 @@
 //! - [`grid`]: blocks and threads for a kernel route;
 //! - [`explain`]: the sentence [`crate::Communicator::path`] and `describe` print.
 
+pub(crate) mod collective;
 pub(crate) mod explain;
 pub(crate) mod grid;
 pub(crate) mod route;
@@ -22,7 +23,7 @@ use crate::kernels::registry::{Family, Kernel};
 /// The algorithm a kernel implements (the in-place kernel is a two-shot).
 pub(crate) const fn algorithm_of(kernel: Kernel) -> Algorithm {
     match kernel {
-        Kernel::OneShot => Algorithm::OneShot,
+        Kernel::OneShot | Kernel::AllGather | Kernel::ReduceScatter => Algorithm::OneShot,
         Kernel::TwoShot | Kernel::InPlace => Algorithm::TwoShot,
         Kernel::LowLatency => Algorithm::LowLatency,
     }

@@ -197,6 +197,12 @@ mod counting;
 #[global_allocator]
 static GLOBAL: counting::Counting = counting::Counting;
 
+/// This thread's allocation count, for the other planning tests of the lib's test binary.
+#[cfg(test)]
+pub(crate) fn allocations_for_tests() -> usize {
+    counting::allocations()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

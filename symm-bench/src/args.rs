@@ -158,6 +158,22 @@ pub struct Args {
     /// two_shot (and NCCL with one rank per GPU), graph_amortised timing. See README.
     #[arg(long, value_name = "OUT_JSON", num_args = 0..=1, default_missing_value = "tuning.json")]
     pub tune: Option<PathBuf>,
+    /// Collectives measured at each size: all_reduce (the --algos rows), all_gather and
+    /// reduce_scatter (8 KiB..64 MiB, nccl-tests sizes: the gathered output / the
+    /// reduce-scatter input; busbw = algbw·(W-1)/W). Threads launcher only.
+    #[arg(long, value_delimiter = ',', default_value = "all_reduce")]
+    pub collectives: Vec<CollectiveChoice>,
+}
+
+/// One entry of `--collectives`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum)]
+pub enum CollectiveChoice {
+    #[value(name = "all_reduce")]
+    AllReduce,
+    #[value(name = "all_gather")]
+    AllGather,
+    #[value(name = "reduce_scatter")]
+    ReduceScatter,
 }
 
 /// `--launcher`.
@@ -436,6 +452,8 @@ pub struct RunPlan {
     pub pdl: bool,
     /// `Config::check_divergence` for the run (`--check-divergence`).
     pub check_divergence: bool,
+    /// `--collectives`, in flag order, without repeats.
+    pub collectives: Vec<CollectiveChoice>,
 }
 
 impl RunPlan {
@@ -457,6 +475,7 @@ impl RunPlan {
             iters: args.iters.map(|n| n as usize),
             warmup: args.warmup.map(|n| n as usize),
             quick: args.quick,
+            collectives: dedup(&args.collectives),
             low_latency_max: args
                 .low_latency_max
                 .unwrap_or(symm_allreduce::Config::default().low_latency_max_bytes),

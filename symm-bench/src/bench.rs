@@ -1,5 +1,7 @@
 //! The GPU side: placement, communicators, buffers, verification and the timed rows.
 
+mod collectives;
+
 use std::sync::Arc;
 
 use indicatif::ProgressBar;
@@ -7,7 +9,7 @@ use symm_allreduce::cudarc::driver::{sys, CudaContext, CudaGraph, CudaSlice, Cud
 use symm_allreduce::cudarc::nccl::{group_end, group_start, ReduceOp};
 use symm_allreduce::{Algorithm, Communicator, Config, DType};
 
-use crate::args::{format_size, round_to_elements, AlgoChoice, Mode, RunPlan};
+use crate::args::{format_size, round_to_elements, AlgoChoice, CollectiveChoice, Mode, RunPlan};
 use crate::data::{random_input, seed, BenchElem, Expected};
 use crate::nccl::Baseline;
 use crate::report::Row;
@@ -361,7 +363,8 @@ impl Bench {
         let len = bytes / dtype.size();
         pb.set_message(format!("{dtype} {}: filling inputs", format_size(bytes)));
         let mut buffers = self.buffers::<T>(bytes, len)?;
-        for &algo in algos {
+        let all_reduce = plan.collectives.contains(&CollectiveChoice::AllReduce);
+        for &algo in algos.iter().filter(|_| all_reduce) {
             pb.set_message(format!("{dtype} {} {}", format_size(bytes), algo.name()));
             let result = match algo.symm() {
                 Some(a) => self.symm_rows(plan, a, algo, bytes, len, &mut buffers, rows),
@@ -388,6 +391,19 @@ impl Bench {
             pb.inc(1);
         }
         self.sync_floor_rows(plan, dtype, bytes, len, rows)?;
+        for &c in &plan.collectives {
+            if c != CollectiveChoice::AllReduce {
+                match self.collective_rows::<T>(plan, c, size, rows) {
+                    Ok(()) => {}
+                    Err(BenchError::Verify(why)) => {
+                        let msg = format!("{dtype} {size} B {c:?}: verification failed, row skipped: {why}");
+                        pb.suspend(|| eprintln!("symm-bench: {msg}"));
+                        failures.push(msg);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
         for s in &self.streams {
             s.synchronize()?;
         }

@@ -8,7 +8,7 @@ use symm_allreduce::{DType, Element};
 const CHECKED: usize = 4096;
 
 /// An element type the bench runs: the library's and NCCL's, with host conversions.
-pub trait BenchElem: Element + NcclType + ValidAsZeroBits + Copy {
+pub trait BenchElem: Element + symm_allreduce::Gatherable + NcclType + ValidAsZeroBits + Copy {
     /// Rounds an f32 to this type.
     fn from_f32(x: f32) -> Self;
     /// Exact widening.

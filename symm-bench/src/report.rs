@@ -66,6 +66,12 @@ impl Row {
         self
     }
 
+    /// Whether this row times an all-gather or a reduce-scatter (not compared with the NCCL
+    /// all-reduce rows).
+    pub fn is_other_collective(&self) -> bool {
+        matches!(self.algo.as_str(), "all_gather" | "reduce_scatter")
+    }
+
     /// Whether this is the NCCL baseline.
     pub fn is_nccl(&self) -> bool {
         self.algo == "nccl"
@@ -112,7 +118,10 @@ pub fn fill_nccl_ratios(rows: &mut [Row]) {
         .filter(|r| r.is_nccl())
         .map(|r| (r.dtype.clone(), r.mode, r.size_bytes, r.time_us))
         .collect();
-    for r in rows.iter_mut().filter(|r| !r.is_nccl()) {
+    for r in rows
+        .iter_mut()
+        .filter(|r| !r.is_nccl() && !r.is_other_collective())
+    {
         r.vs_nccl = nccl
             .iter()
             .find(|(d, m, s, _)| *d == r.dtype && *m == r.mode && *s == r.size_bytes)

@@ -477,6 +477,7 @@ pub fn run(args: &Args, out: &Path) -> Result<ExitCode, Stop> {
             low_latency_max: LL_TUNE_MAX.min(capacity),
             pdl: !args.no_pdl,
             check_divergence: false,
+            collectives: vec![crate::args::CollectiveChoice::AllReduce],
         };
         eprintln!(
             "symm-bench --tune: W={world} ({}), {} sizes {}..{}",

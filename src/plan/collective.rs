@@ -1,0 +1,580 @@
+//! The collectives beside the all-reduce: all-gather, all-gather-v and reduce-scatter.
+//! Validation (once per call, before anything is launched), routing (a `Copy` [`Route`], no
+//! text, no allocation) and the sentence `*_path` prints. Pure: tested on CPU.
+//!
+//! Sizes follow nccl-tests: an all-gather's `bytes` is the gathered output (W chunks), a
+//! reduce-scatter's the input (W slices). What must fit the workspace is what each rank
+//! copies in: its own chunk (all-gather, in front of the counts slots at the end of the data
+//! buffer) or its whole input with every slice rounded up to 16 bytes (reduce-scatter).
+//!
+//! Routes: `Algorithm::Nccl` (asked for or configured) → `ncclAllGather` /
+//! `ncclReduceScatter`; no peer kernels → NCCL; `Auto` above `nccl_above_bytes` or above the
+//! workspace with a fallback → NCCL; otherwise the one-shot kernel. All-gather-v has no NCCL
+//! path (NCCL has no all-gather-v call): it runs on the kernel up to the workspace and is
+//! refused with a typed error beyond, or when the peer kernels are not set up.
+
+use super::route::{PathFacts, Route, Rule, Target};
+use super::{PathDecision, Plan};
+use crate::config::{Algorithm, Config};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::kernels::abi::{MAX_BLOCKS, THREADS_PER_BLOCK};
+use crate::kernels::coll::COUNT_SLOTS_BYTES;
+use crate::kernels::registry::{Family, Kernel};
+
+/// A collective other than the all-reduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Collective {
+    AllGather,
+    AllGatherV,
+    ReduceScatter,
+}
+
+impl Collective {
+    pub(crate) const fn name(self) -> &'static str {
+        match self {
+            Collective::AllGather => "all_gather",
+            Collective::AllGatherV => "all_gather_v",
+            Collective::ReduceScatter => "reduce_scatter",
+        }
+    }
+
+    const fn kernel(self) -> Kernel {
+        match self {
+            Collective::AllGather | Collective::AllGatherV => Kernel::AllGather,
+            Collective::ReduceScatter => Kernel::ReduceScatter,
+        }
+    }
+}
+
+/// A validated call, as the numbers routing needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CollShape {
+    pub(crate) collective: Collective,
+    /// Message bytes as nccl-tests count them (gathered output; reduce-scatter input).
+    pub(crate) bytes: usize,
+    /// Bytes one rank copies into its data buffer.
+    pub(crate) workspace_bytes: usize,
+    /// 16-byte packs one rank's grid walks (largest chunk; one slice).
+    pub(crate) packs: usize,
+}
+
+fn invalid(call: &'static str, reason: String) -> Error {
+    Error::InvalidCollective { call, reason }
+}
+
+/// `all_gather`: `input_len` elements of `elem_bytes` per rank into `world · input_len`.
+pub(crate) fn validate_all_gather(
+    elem_bytes: usize,
+    input_len: usize,
+    output_len: usize,
+    world: usize,
+) -> Result<CollShape> {
+    if input_len == 0 {
+        return Err(Error::Empty);
+    }
+    let wanted = input_len.checked_mul(world);
+    if wanted != Some(output_len) {
+        return Err(invalid(
+            "all_gather",
+            format!(
+                "output has {output_len} elements; it must hold world size ({world}) × input ({input_len})"
+            ),
+        ));
+    }
+    let chunk = input_len.saturating_mul(elem_bytes);
+    Ok(CollShape {
+        collective: Collective::AllGather,
+        bytes: chunk.saturating_mul(world),
+        workspace_bytes: chunk,
+        packs: chunk / 16,
+    })
+}
+
+/// `all_gather_v`: `counts[q]` elements from rank q (this rank's is its input length), the
+/// output their sum, rank-major.
+pub(crate) fn validate_all_gather_v(
+    elem_bytes: usize,
+    counts: &[usize],
+    rank: usize,
+    input_len: usize,
+    output_len: usize,
+    world: usize,
+) -> Result<CollShape> {
+    const CALL: &str = "all_gather_v";
+    if counts.len() != world {
+        return Err(invalid(
+            CALL,
+            format!(
+                "counts has {} entries; pass one count per rank ({world})",
+                counts.len()
+            ),
+        ));
+    }
+    if counts[rank] != input_len {
+        return Err(invalid(
+            CALL,
+            format!(
+                "counts[{rank}] is {} but this rank's input has {input_len} elements; they must be equal",
+                counts[rank]
+            ),
+        ));
+    }
+    let total = counts
+        .iter()
+        .try_fold(0usize, |s, &c| s.checked_add(c))
+        .ok_or_else(|| invalid(CALL, "the counts overflow usize".to_string()))?;
+    if total == 0 {
+        return Err(Error::Empty);
+    }
+    if total != output_len {
+        return Err(invalid(
+            CALL,
+            format!("output has {output_len} elements; it must hold the sum of counts ({total})"),
+        ));
+    }
+    let largest = counts
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(0)
+        .saturating_mul(elem_bytes);
+    Ok(CollShape {
+        collective: Collective::AllGatherV,
+        bytes: total.saturating_mul(elem_bytes),
+        workspace_bytes: largest,
+        packs: largest / 16,
+    })
+}
+
+/// `reduce_scatter`: `world · output_len` elements in, this rank's slice of `output_len` out.
+pub(crate) fn validate_reduce_scatter(
+    elem_bytes: usize,
+    input_len: usize,
+    output_len: usize,
+    world: usize,
+) -> Result<CollShape> {
+    if output_len == 0 {
+        return Err(Error::Empty);
+    }
+    if output_len.checked_mul(world) != Some(input_len) {
+        return Err(invalid(
+            "reduce_scatter",
+            format!(
+                "input has {input_len} elements; it must hold world size ({world}) × output ({output_len})"
+            ),
+        ));
+    }
+    let slice = output_len.saturating_mul(elem_bytes);
+    Ok(CollShape {
+        collective: Collective::ReduceScatter,
+        bytes: slice.saturating_mul(world),
+        workspace_bytes: slice.next_multiple_of(16).saturating_mul(world),
+        packs: slice / 16,
+    })
+}
+
+/// Bytes of the workspace a collective may fill.
+pub(crate) fn capacity(collective: Collective, config: &Config) -> usize {
+    match collective {
+        Collective::AllGather | Collective::AllGatherV => {
+            config.capacity_bytes.saturating_sub(COUNT_SLOTS_BYTES)
+        }
+        Collective::ReduceScatter => config.capacity_bytes,
+    }
+}
+
+/// The grid: one thread per pack, capped by the one-shot family's limit. All-gather-v always
+/// launches the whole limit, so that ranks whose counts disagree still launch the same grid
+/// and every block meets its peers and reports the mismatch (instead of timing out).
+fn grid(shape: &CollShape, limits: super::Limits) -> Plan {
+    let cap = limits.blocks(Family::OneShot).min(MAX_BLOCKS);
+    let blocks = match shape.collective {
+        Collective::AllGatherV => cap,
+        _ => shape.packs.div_ceil(THREADS_PER_BLOCK as usize).max(1).min(cap),
+    };
+    Plan {
+        algorithm: Algorithm::OneShot,
+        blocks: blocks as u32,
+        threads: THREADS_PER_BLOCK,
+    }
+}
+
+/// Routes a validated collective (pure; every rank decides the same for the same shape).
+pub(crate) fn route_collective(
+    shape: &CollShape,
+    config: &Config,
+    requested: Algorithm,
+    facts: PathFacts<'_>,
+) -> Result<Route> {
+    let c = shape.collective;
+    let bytes = shape.bytes;
+    let nccl = |rule| {
+        Ok(Route {
+            target: Target::Nccl,
+            rule,
+            bytes,
+            // Unused: the collectives' size rule does not depend on the element type.
+            dtype: DType::F32,
+            threshold_ignored: false,
+        })
+    };
+    let has_nccl = c != Collective::AllGatherV;
+    let chosen = if requested == Algorithm::Auto {
+        config.algorithm
+    } else {
+        requested
+    };
+    match requested {
+        Algorithm::LowLatency | Algorithm::TwoShot => {
+            return Err(invalid(
+                c.name(),
+                format!("there is no {requested} kernel for it: pass Auto, OneShot or Nccl"),
+            ))
+        }
+        Algorithm::Nccl if !has_nccl => {
+            return Err(invalid(
+                c.name(),
+                "NCCL has no all-gather-v: pass Auto or OneShot (the kernel takes it up to the capacity)"
+                    .to_string(),
+            ))
+        }
+        _ => {}
+    }
+    if chosen == Algorithm::Nccl && has_nccl {
+        return match facts.nccl {
+            Ok(()) if requested == Algorithm::Nccl => nccl(Rule::NcclAskedFor),
+            Ok(()) => nccl(Rule::NcclConfigured),
+            Err(why) => Err(Error::NcclUnavailable {
+                reason: format!("Algorithm::Nccl was asked for, but {why}"),
+            }),
+        };
+    }
+    if let Err(peer_why) = facts.peer_kernels {
+        return match facts.nccl {
+            Ok(()) if has_nccl => nccl(Rule::NoPeerKernels),
+            Ok(()) => Err(invalid(
+                c.name(),
+                format!("the peer kernels are not set up ({peer_why}) and NCCL has no all-gather-v"),
+            )),
+            Err(why) => Err(Error::NcclUnavailable {
+                reason: format!("the peer kernels are not set up ({peer_why}) and {why}"),
+            }),
+        };
+    }
+    let cap = capacity(c, config);
+    let mut threshold_ignored = false;
+    if requested == Algorithm::Auto && has_nccl {
+        if config.nccl_above_bytes.is_some_and(|l| bytes > l) {
+            match facts.nccl {
+                Ok(()) => return nccl(Rule::AboveNcclThreshold),
+                Err(_) => threshold_ignored = true,
+            }
+        }
+        if shape.workspace_bytes > cap && facts.nccl.is_ok() {
+            return nccl(Rule::AboveCapacity);
+        }
+    }
+    if shape.workspace_bytes > cap {
+        return Err(Error::ExceedsCapacity {
+            bytes: shape.workspace_bytes,
+            capacity: cap,
+        });
+    }
+    let rule = match (requested, config.algorithm) {
+        (Algorithm::Auto, Algorithm::Auto) => Rule::Size,
+        (Algorithm::Auto, _) => Rule::Configured,
+        _ => Rule::AskedFor,
+    };
+    Ok(Route {
+        target: Target::Kernel(c.kernel(), grid(shape, facts.limits)),
+        rule,
+        bytes,
+        dtype: DType::F32,
+        threshold_ignored,
+    })
+}
+
+/// The decision in words.
+pub(crate) fn explain_collective(
+    shape: &CollShape,
+    route: &Route,
+    config: &Config,
+    facts: PathFacts<'_>,
+) -> PathDecision {
+    let name = shape.collective.name();
+    let cap = capacity(shape.collective, config);
+    let ws = shape.workspace_bytes;
+    let mut reason = match route.rule {
+        Rule::NcclAskedFor => format!("Algorithm::Nccl was asked for: nccl {name}"),
+        Rule::NcclConfigured => format!("Config::algorithm is Nccl: nccl {name}"),
+        Rule::NoPeerKernels => format!(
+            "the peer kernels are not set up: {}",
+            facts.peer_kernels.err().unwrap_or("unknown reason")
+        ),
+        Rule::AboveNcclThreshold => format!(
+            "{} bytes > nccl_above_bytes ({}): nccl {name}",
+            route.bytes,
+            config.nccl_above_bytes.unwrap_or(0)
+        ),
+        Rule::AboveCapacity => {
+            format!("{ws} bytes to copy in exceed the {name} workspace ({cap} bytes): nccl {name}")
+        }
+        Rule::Size | Rule::Symmetric => {
+            format!("one-shot {name} kernel: {ws} bytes to copy in <= workspace ({cap} bytes)")
+        }
+        Rule::Configured => format!(
+            "Config::algorithm is {}, which {name} does not have: its one-shot kernel",
+            config.algorithm
+        ),
+        Rule::AskedFor => format!("one_shot was asked for: the one-shot {name} kernel"),
+    };
+    if route.threshold_ignored {
+        reason += &format!(
+            "; nccl_above_bytes ({}) is ignored: {}",
+            config.nccl_above_bytes.unwrap_or(0),
+            facts.nccl.err().unwrap_or("there is no NCCL fallback")
+        );
+    }
+    PathDecision {
+        algorithm: route.algorithm(),
+        plan: match route.target {
+            Target::Kernel(_, plan) => Some(plan),
+            Target::Nccl => None,
+        },
+        reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::Limits;
+
+    const LIMITS: Limits = Limits {
+        one_shot_blocks: 24,
+        two_shot_blocks: 12,
+    };
+
+    fn facts<'a>(
+        peer: std::result::Result<(), &'a str>,
+        nccl: std::result::Result<(), &'a str>,
+    ) -> PathFacts<'a> {
+        PathFacts {
+            world: 4,
+            limits: LIMITS,
+            peer_kernels: peer,
+            nccl,
+        }
+    }
+
+    #[test]
+    fn all_gather_shapes_are_validated() {
+        let s = validate_all_gather(1, 13, 52, 4).unwrap();
+        assert_eq!((s.bytes, s.workspace_bytes, s.packs), (52, 13, 0));
+        let s = validate_all_gather(2, 1000, 8000, 8).unwrap();
+        assert_eq!((s.bytes, s.workspace_bytes, s.packs), (16000, 2000, 125));
+        assert!(matches!(validate_all_gather(4, 0, 0, 2), Err(Error::Empty)));
+        let e = validate_all_gather(4, 10, 39, 4).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::InvalidCollective {
+                    call: "all_gather",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("world size (4) × input (10)"), "{e}");
+        // Overflow is a refusal, not a wrap.
+        assert!(validate_all_gather(1, usize::MAX / 2 + 1, 0, 2).is_err());
+    }
+
+    #[test]
+    fn all_gather_v_counts_are_validated() {
+        let s = validate_all_gather_v(1, &[3, 0, 17], 2, 17, 20, 3).unwrap();
+        assert_eq!((s.bytes, s.workspace_bytes, s.packs), (20, 17, 1));
+        // Own count 0 is fine as long as someone sends something.
+        assert!(validate_all_gather_v(4, &[3, 0, 17], 1, 0, 20, 3).is_ok());
+        let bad = [
+            validate_all_gather_v(1, &[3, 4], 0, 3, 7, 3), // wrong number of counts
+            validate_all_gather_v(1, &[3, 4, 5], 1, 5, 12, 3), // own count != input
+            validate_all_gather_v(1, &[3, 4, 5], 0, 3, 11, 3), // output != sum
+            validate_all_gather_v(1, &[usize::MAX, 4], 0, usize::MAX, 3, 2), // overflow
+        ];
+        for r in bad {
+            let e = r.unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::InvalidCollective {
+                        call: "all_gather_v",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+        }
+        assert!(matches!(
+            validate_all_gather_v(1, &[0, 0], 0, 0, 0, 2),
+            Err(Error::Empty)
+        ));
+    }
+
+    #[test]
+    fn reduce_scatter_shapes_are_validated_and_slices_padded() {
+        let s = validate_reduce_scatter(2, 3 * 9, 9, 3).unwrap();
+        // 18-byte slices pad to 32 bytes each in the workspace.
+        assert_eq!((s.bytes, s.workspace_bytes, s.packs), (54, 96, 1));
+        assert!(matches!(validate_reduce_scatter(2, 0, 0, 3), Err(Error::Empty)));
+        let e = validate_reduce_scatter(4, 10, 4, 2).unwrap_err();
+        assert!(e.to_string().contains("world size (2) × output (4)"), "{e}");
+    }
+
+    #[test]
+    fn routes_follow_threshold_capacity_and_fallback() {
+        let c = Config {
+            capacity_bytes: 1 << 20,
+            nccl_above_bytes: Some(256 << 10),
+            ..Config::default()
+        };
+        let both = facts(Ok(()), Ok(()));
+        let ag = |len| validate_all_gather(1, len, len * 4, 4).unwrap();
+        let r = route_collective(&ag(1000), &c, Algorithm::Auto, both).unwrap();
+        assert!(matches!(r.target, Target::Kernel(Kernel::AllGather, p) if p.blocks == 1));
+        // Gathered output above the threshold: NCCL.
+        let r = route_collective(&ag(100 << 10), &c, Algorithm::Auto, both).unwrap();
+        assert_eq!(r.target, Target::Nccl);
+        assert!(explain_collective(&ag(100 << 10), &r, &c, both)
+            .reason
+            .contains("nccl_above_bytes"));
+        // Forced one-shot ignores the threshold, not the workspace (capacity minus the counts slots).
+        let r = route_collective(&ag(100 << 10), &c, Algorithm::OneShot, both).unwrap();
+        assert!(matches!(r.target, Target::Kernel(Kernel::AllGather, p) if p.blocks == 13));
+        let full = ag((1 << 20) - COUNT_SLOTS_BYTES + 1);
+        assert!(matches!(
+            route_collective(&full, &c, Algorithm::OneShot, both),
+            Err(Error::ExceedsCapacity { capacity, .. }) if capacity == (1 << 20) - COUNT_SLOTS_BYTES
+        ));
+        let r = route_collective(&full, &c, Algorithm::Auto, both).unwrap();
+        assert_eq!(r.target, Target::Nccl);
+        // No fallback: the threshold is ignored and said so; above the workspace is refused.
+        let kernels_only = facts(Ok(()), Err("created without NCCL"));
+        let r = route_collective(&ag(100 << 10), &c, Algorithm::Auto, kernels_only).unwrap();
+        assert!(r.threshold_ignored);
+        let p = explain_collective(&ag(100 << 10), &r, &c, kernels_only);
+        assert!(p.reason.contains("ignored: created without NCCL"), "{p}");
+        assert!(matches!(
+            route_collective(&full, &c, Algorithm::Auto, kernels_only),
+            Err(Error::ExceedsCapacity { .. })
+        ));
+        assert!(matches!(
+            route_collective(&ag(8), &c, Algorithm::Nccl, kernels_only),
+            Err(Error::NcclUnavailable { .. })
+        ));
+        // Only the one-shot kernel exists.
+        for a in [Algorithm::TwoShot, Algorithm::LowLatency] {
+            assert!(matches!(
+                route_collective(&ag(8), &c, a, both),
+                Err(Error::InvalidCollective { .. })
+            ));
+        }
+        // A configured all-reduce algorithm runs the one-shot kernel and says why.
+        let two = Config {
+            algorithm: Algorithm::TwoShot,
+            ..c.clone()
+        };
+        let r = route_collective(&ag(8), &two, Algorithm::Auto, both).unwrap();
+        let p = explain_collective(&ag(8), &r, &two, both);
+        assert_eq!(p.algorithm, Algorithm::OneShot);
+        assert!(p.reason.contains("does not have"), "{p}");
+        // No peer kernels: NCCL.
+        let nccl_only = facts(Err("no P2P"), Ok(()));
+        let r = route_collective(&ag(8), &c, Algorithm::Auto, nccl_only).unwrap();
+        assert_eq!(r.target, Target::Nccl);
+        assert!(explain_collective(&ag(8), &r, &c, nccl_only)
+            .reason
+            .contains("no P2P"));
+    }
+
+    #[test]
+    fn reduce_scatter_routes_on_the_padded_input() {
+        let c = Config {
+            capacity_bytes: 64 << 10,
+            ..Config::default()
+        };
+        let both = facts(Ok(()), Ok(()));
+        let rs = |len| validate_reduce_scatter(4, len * 4, len, 4).unwrap();
+        let r = route_collective(&rs(4096), &c, Algorithm::Auto, both).unwrap();
+        assert!(matches!(r.target, Target::Kernel(Kernel::ReduceScatter, p) if p.blocks == 2));
+        let p = explain_collective(&rs(4096), &r, &c, both);
+        assert!(
+            p.to_string()
+                .starts_with("one_shot (2 blocks): one-shot reduce_scatter"),
+            "{p}"
+        );
+        // 4 slices of 4095 f32 = 65520 bytes fit; padded they are 4 × 16384 = 65536: fits exactly.
+        assert!(route_collective(&rs(4095), &c, Algorithm::OneShot, both).is_ok());
+        let r = route_collective(&rs(4097), &c, Algorithm::Auto, both).unwrap();
+        assert_eq!(r.target, Target::Nccl);
+        assert!(explain_collective(&rs(4097), &r, &c, both)
+            .reason
+            .contains("exceed the reduce_scatter workspace"));
+    }
+
+    #[test]
+    fn all_gather_v_has_no_nccl_path_and_a_fixed_grid() {
+        let c = Config {
+            capacity_bytes: 1 << 20,
+            nccl_above_bytes: Some(1024),
+            ..Config::default()
+        };
+        let both = facts(Ok(()), Ok(()));
+        let v = validate_all_gather_v(1, &[5, 7, 0, 9], 0, 5, 21, 4).unwrap();
+        // Small, above the threshold: still the kernel, with the whole one-shot grid.
+        let r = route_collective(&v, &c, Algorithm::Auto, both).unwrap();
+        assert!(matches!(r.target, Target::Kernel(Kernel::AllGather, p) if p.blocks == 24));
+        let e = route_collective(&v, &c, Algorithm::Nccl, both).unwrap_err();
+        assert!(e.to_string().contains("NCCL has no all-gather-v"), "{e}");
+        let nccl_cfg = Config {
+            algorithm: Algorithm::Nccl,
+            ..c.clone()
+        };
+        assert!(matches!(
+            route_collective(&v, &nccl_cfg, Algorithm::Auto, both)
+                .unwrap()
+                .target,
+            Target::Kernel(Kernel::AllGather, _)
+        ));
+        let big = validate_all_gather_v(1, &[1 << 20, 0, 0, 0], 0, 1 << 20, 1 << 20, 4).unwrap();
+        assert!(matches!(
+            route_collective(&big, &c, Algorithm::Auto, both),
+            Err(Error::ExceedsCapacity { .. })
+        ));
+        assert!(matches!(
+            route_collective(&v, &c, Algorithm::Auto, facts(Err("no P2P"), Ok(()))),
+            Err(Error::InvalidCollective { .. })
+        ));
+    }
+
+    #[test]
+    fn collective_routing_allocates_nothing() {
+        let c = Config::default();
+        let both = facts(Ok(()), Ok(()));
+        let shapes = [
+            validate_all_gather(2, 1000, 4000, 4).unwrap(),
+            validate_all_gather_v(1, &[1, 2, 3, 4], 0, 1, 10, 4).unwrap(),
+            validate_reduce_scatter(4, 4000, 1000, 4).unwrap(),
+        ];
+        let before = super::super::route::allocations_for_tests();
+        let mut sink = 0;
+        for _ in 0..100 {
+            for s in &shapes {
+                sink += route_collective(s, &c, Algorithm::Auto, both).map_or(0, |r| r.bytes);
+            }
+        }
+        assert!(sink > 0);
+        assert_eq!(super::super::route::allocations_for_tests() - before, 0);
+    }
+}
