@@ -112,6 +112,15 @@ pub enum Error {
         output: usize,
     },
 
+    /// A buffer of the fused all-reduce + residual + RMSNorm call has the wrong shape.
+    #[error("all_reduce_add_rmsnorm: {what}: {reason}")]
+    InvalidShape {
+        /// The argument at fault: "input", "residual", "weight", "norm_out" or "eps".
+        what: &'static str,
+        /// What is wrong and what it must be.
+        reason: String,
+    },
+
     /// The message does not fit the symmetric workspace.
     #[error(
         "{bytes} bytes exceed this communicator's capacity of {capacity} bytes: raise Config::capacity_bytes \

@@ -10,6 +10,7 @@ use crate::driver::host::ErrorWord;
 use crate::error::{Error, Result};
 use crate::kernels::abi::{decode_error, SymmArgs};
 use crate::kernels::launch;
+use crate::kernels::norm_abi::NormArgs;
 use crate::kernels::registry::Kernel;
 use crate::kernels::Kernels;
 use crate::plan::validate::CallShape;
@@ -94,6 +95,27 @@ impl PeerBackend {
             call.input_len,
             stream,
         )
+    }
+
+    /// Launches a residual + RMSNorm kernel: a fused all-reduce one (`FusedOneShot`,
+    /// `FusedTwoShot`, over the workspace) or the unfused epilogue (`RmsNorm`). The caller
+    /// validated the shape (16-byte aligned buffers of `tokens × hidden` elements, `hidden`
+    /// for the weight, on this rank's device, within the capacity for the fused kernels) and
+    /// made the context current.
+    pub(crate) fn launch_norm(
+        &self,
+        kernel: Kernel,
+        plan: Plan,
+        dtype: crate::dtype::DType,
+        norm: &NormArgs,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        let func = self.kernels.get(kernel, dtype)?;
+        let args = (kernel != Kernel::RmsNorm).then_some(&self.args);
+        // SAFETY: the fused kernels take (NormArgs, SymmArgs) and the unfused one (NormArgs),
+        // with the table column's dtype; the caller validated the ranges; the workspace and
+        // the error word in `args` outlive the launch (the communicator's Drop synchronises).
+        unsafe { launch::launch_norm(func, (plan.blocks, plan.threads), norm, args, stream) }
     }
 
     /// Launches the body-less kernel with `plan`'s grid.

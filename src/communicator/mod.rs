@@ -3,6 +3,7 @@
 //! [`call`], the in-process group in [`local_group`].
 
 mod call;
+mod fused;
 mod local_group;
 
 use std::cell::RefCell;
@@ -82,6 +83,8 @@ pub struct Communicator {
     poisoned: RefCell<Option<Error>>,
     /// The stream of the last call, to order a call on another stream after it.
     order: RefCell<StreamOrder>,
+    /// cudarc's bookkeeping under capture.
+    shadow: Shadow,
 }
 
 /// The last call's stream and the event that orders the next call after it.
@@ -89,6 +92,17 @@ pub struct Communicator {
 struct StreamOrder {
     last: Option<Arc<CudaStream>>,
     event: CudaEvent,
+}
+
+/// Where cudarc's event bookkeeping of a call's buffers runs while the caller's stream is
+/// being captured (see `Communicator::bookkeeping` in call.rs).
+#[derive(Debug)]
+struct Shadow {
+    /// A stream of this rank's context that is never captured by the crate; `None` when the
+    /// context had event tracking off at setup (cudarc then records nothing).
+    stream: Option<Arc<CudaStream>>,
+    /// Joins `stream` back into the caller's capture if a wait drew it in.
+    join: CudaEvent,
 }
 
 impl Communicator {
@@ -170,8 +184,18 @@ impl Communicator {
             .ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
             .during("cuEventCreate")?;
+        let join = s
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .during("cuEventCreate")?;
+        let shadow = if s.ctx.is_event_tracking() {
+            Some(s.ctx.new_stream().during("cuStreamCreate")?)
+        } else {
+            None
+        };
         let comm = Communicator {
             order: RefCell::new(StreamOrder { last: None, event }),
+            shadow: Shadow { stream: shadow, join },
             paths,
             ctx: s.ctx,
             rank: s.rank,

@@ -13,6 +13,8 @@ pub(crate) enum Family {
     OneShot,
     /// Reduce-scatter then all-gather: two-shot and the in-place kernel.
     TwoShot,
+    /// No barrier, no workspace (the unfused residual + RMSNorm): any grid is resident.
+    Local,
 }
 
 /// A device kernel (one per dtype in the fatbin).
@@ -22,6 +24,12 @@ pub(crate) enum Kernel {
     TwoShot,
     InPlace,
     LowLatency,
+    /// All-reduce + residual + RMSNorm, one barrier (kernels/fused_norm.cuh).
+    FusedOneShot,
+    /// All-reduce + residual + RMSNorm, rows split across ranks, two barriers.
+    FusedTwoShot,
+    /// Residual + RMSNorm of an all-reduced buffer (the unfused epilogue).
+    RmsNorm,
 }
 
 /// One registry row.
@@ -36,7 +44,7 @@ pub(crate) struct KernelSpec {
 }
 
 /// Every kernel, in table order.
-pub(crate) const KERNELS: [KernelSpec; 4] = [
+pub(crate) const KERNELS: [KernelSpec; 7] = [
     KernelSpec {
         kernel: Kernel::OneShot,
         prefix: "one_shot",
@@ -61,6 +69,24 @@ pub(crate) const KERNELS: [KernelSpec; 4] = [
         min_arch: 80,
         family: Family::OneShot,
     },
+    KernelSpec {
+        kernel: Kernel::FusedOneShot,
+        prefix: "fused_one_shot",
+        min_arch: 80,
+        family: Family::OneShot,
+    },
+    KernelSpec {
+        kernel: Kernel::FusedTwoShot,
+        prefix: "fused_two_shot",
+        min_arch: 80,
+        family: Family::TwoShot,
+    },
+    KernelSpec {
+        kernel: Kernel::RmsNorm,
+        prefix: "rmsnorm",
+        min_arch: 80,
+        family: Family::Local,
+    },
 ];
 
 /// The body-less kernel with the common signature (the benchmark's launch floor).
@@ -74,6 +100,9 @@ impl Kernel {
             Kernel::TwoShot => 1,
             Kernel::InPlace => 2,
             Kernel::LowLatency => 3,
+            Kernel::FusedOneShot => 4,
+            Kernel::FusedTwoShot => 5,
+            Kernel::RmsNorm => 6,
         }
     }
 

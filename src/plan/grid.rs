@@ -4,7 +4,7 @@ use super::{algorithm_of, kernel_for, Limits, Plan};
 use crate::config::{Algorithm, Config};
 use crate::dtype::DType;
 use crate::kernels::abi::{MAX_BLOCKS, THREADS_PER_BLOCK};
-use crate::kernels::registry::Kernel;
+use crate::kernels::registry::{Family, Kernel};
 
 /// The algorithm a call of `bytes` takes: `requested` unless it is `Auto`, then the
 /// configured one unless that is `Auto`, then the size rule (low-latency up to its limit,
@@ -34,7 +34,24 @@ pub(crate) fn grid(kernel: Kernel, len: usize, dtype: DType, world: usize, limit
         Kernel::TwoShot | Kernel::InPlace => packs.div_ceil(world),
         Kernel::LowLatency => (len * dtype.size()).div_ceil(8),
         Kernel::OneShot => packs,
+        // One block per row (see plan::fused); `len` is rows here.
+        Kernel::FusedOneShot | Kernel::RmsNorm => len,
+        Kernel::FusedTwoShot => len.div_ceil(world),
     };
+    if matches!(
+        kernel,
+        Kernel::FusedOneShot | Kernel::FusedTwoShot | Kernel::RmsNorm
+    ) {
+        let cap = match kernel.family() {
+            Family::Local => usize::MAX,
+            family => limits.blocks(family).min(MAX_BLOCKS),
+        };
+        return Plan {
+            algorithm: algorithm_of(kernel),
+            blocks: work.clamp(1, cap.min(u16::MAX as usize)) as u32,
+            threads: THREADS_PER_BLOCK,
+        };
+    }
     let wanted = work.div_ceil(THREADS_PER_BLOCK as usize).max(1);
     Plan {
         algorithm: algorithm_of(kernel),

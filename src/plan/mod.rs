@@ -9,6 +9,7 @@
 //! - [`explain`]: the sentence [`crate::Communicator::path`] and `describe` print.
 
 pub(crate) mod explain;
+pub(crate) mod fused;
 pub(crate) mod grid;
 pub(crate) mod route;
 pub(crate) mod validate;
@@ -22,8 +23,8 @@ use crate::kernels::registry::{Family, Kernel};
 /// The algorithm a kernel implements (the in-place kernel is a two-shot).
 pub(crate) const fn algorithm_of(kernel: Kernel) -> Algorithm {
     match kernel {
-        Kernel::OneShot => Algorithm::OneShot,
-        Kernel::TwoShot | Kernel::InPlace => Algorithm::TwoShot,
+        Kernel::OneShot | Kernel::FusedOneShot | Kernel::RmsNorm => Algorithm::OneShot,
+        Kernel::TwoShot | Kernel::InPlace | Kernel::FusedTwoShot => Algorithm::TwoShot,
         Kernel::LowLatency => Algorithm::LowLatency,
     }
 }
@@ -88,6 +89,7 @@ impl Limits {
         match family {
             Family::OneShot => self.one_shot_blocks,
             Family::TwoShot => self.two_shot_blocks,
+            Family::Local => usize::MAX,
         }
     }
 
