@@ -9,6 +9,8 @@
 //! Run by [`common::harness`] (`harness = false`): without a GPU every test is reported as
 //! ignored with the reason.
 
+#![allow(clippy::needless_range_loop)] // ranks index several parallel vectors
+
 mod common;
 
 use std::cell::RefCell;
@@ -44,7 +46,9 @@ struct Case<T> {
 
 fn make_case<T: TestElem>(seed: u64, world: usize, tokens: usize, hidden: usize) -> Case<T> {
     let mut g = rng(seed);
-    let inputs = (0..world).map(|_| random_input(&mut g, tokens * hidden)).collect();
+    let inputs = (0..world)
+        .map(|_| random_input(&mut g, tokens * hidden))
+        .collect();
     let residual = random_input(&mut g, tokens * hidden);
     // Weights around 1 with both signs and some spread, never zero.
     let weight = (0..hidden)
@@ -79,18 +83,40 @@ struct Device<T> {
 fn upload<T: TestElem>(streams: &[Arc<CudaStream>], case: &Case<T>) -> Device<T> {
     let len = case.residual.len();
     Device {
-        input: streams.iter().zip(&case.inputs).map(|(s, x)| s.clone_htod(x).unwrap()).collect(),
-        residual: streams.iter().map(|s| s.clone_htod(&case.residual).unwrap()).collect(),
-        weight: streams.iter().map(|s| s.clone_htod(&case.weight).unwrap()).collect(),
-        out: streams.iter().map(|s| s.clone_htod(&poison::<T>(len)).unwrap()).collect(),
-        sum: streams.iter().map(|s| s.clone_htod(&poison::<T>(len)).unwrap()).collect(),
+        input: streams
+            .iter()
+            .zip(&case.inputs)
+            .map(|(s, x)| s.clone_htod(x).unwrap())
+            .collect(),
+        residual: streams
+            .iter()
+            .map(|s| s.clone_htod(&case.residual).unwrap())
+            .collect(),
+        weight: streams
+            .iter()
+            .map(|s| s.clone_htod(&case.weight).unwrap())
+            .collect(),
+        out: streams
+            .iter()
+            .map(|s| s.clone_htod(&poison::<T>(len)).unwrap())
+            .collect(),
+        sum: streams
+            .iter()
+            .map(|s| s.clone_htod(&poison::<T>(len)).unwrap())
+            .collect(),
     }
 }
 
-fn download<T: TestElem>(comms: &[Communicator], streams: &[Arc<CudaStream>], d: &Device<T>) -> Result<Outs<T>, String> {
+fn download<T: TestElem>(
+    comms: &[Communicator],
+    streams: &[Arc<CudaStream>],
+    d: &Device<T>,
+) -> Result<Outs<T>, String> {
     let mut outs = Vec::new();
     for r in 0..comms.len() {
-        comms[r].synchronize(&streams[r]).map_err(|e| format!("rank {r}: {e}"))?;
+        comms[r]
+            .synchronize(&streams[r])
+            .map_err(|e| format!("rank {r}: {e}"))?;
         outs.push((
             streams[r].clone_dtoh(&d.residual[r]).unwrap(),
             streams[r].clone_dtoh(&d.out[r]).unwrap(),
@@ -134,7 +160,14 @@ fn run_unfused<T: TestElem>(
             .all_reduce_with(&d.input[r], &mut d.sum[r], &streams[r], algo)
             .map_err(|e| format!("rank {r}: {e}"))?;
         comms[r]
-            .residual_rmsnorm(&d.sum[r], &mut d.residual[r], &d.weight[r], EPS, &mut d.out[r], &streams[r])
+            .residual_rmsnorm(
+                &d.sum[r],
+                &mut d.residual[r],
+                &d.weight[r],
+                EPS,
+                &mut d.out[r],
+                &streams[r],
+            )
             .map_err(|e| format!("rank {r}: {e}"))?;
     }
     download(comms, streams, &d)
@@ -166,7 +199,8 @@ fn check_f64<T: TestElem>(case: &Case<T>, res_out: &[T], norm_out: &[T]) -> Resu
             r_exact[j] = res + sum;
             e_r[j] = e_s + u * (res.abs() + sum.abs() + e_s) * 1.0001 + T::TINY;
             let got = res_out[i].to_f32() as f64;
-            if !((got - r_exact[j]).abs() <= e_r[j]) {
+            let within = (got - r_exact[j]).abs() <= e_r[j]; // false for NaN
+            if !within {
                 return Err(format!(
                     "row {row} col {j}: residual out {got}, f64 reference {}, tolerance {}",
                     r_exact[j], e_r[j]
@@ -176,7 +210,11 @@ fn check_f64<T: TestElem>(case: &Case<T>, res_out: &[T], norm_out: &[T]) -> Resu
         let ms: f64 = r_exact.iter().map(|r| r * r).sum::<f64>() / h as f64;
         let rms = (ms + EPS as f64).sqrt();
         // |Σ r_got² − Σ r²| ≤ Σ (2|r|e + e²), plus fp32 accumulation of h terms.
-        let d_ss: f64 = r_exact.iter().zip(&e_r).map(|(r, e)| 2.0 * r.abs() * e + e * e).sum::<f64>()
+        let d_ss: f64 = r_exact
+            .iter()
+            .zip(&e_r)
+            .map(|(r, e)| 2.0 * r.abs() * e + e * e)
+            .sum::<f64>()
             + h as f64 * ms * h as f64 / (1u64 << 24) as f64;
         let rel_rms = 0.5 * d_ss / (h as f64 * rms * rms) + 8.0 / (1u64 << 24) as f64;
         for j in 0..h {
@@ -185,7 +223,8 @@ fn check_f64<T: TestElem>(case: &Case<T>, res_out: &[T], norm_out: &[T]) -> Resu
             let exact = r_exact[j] / rms * wt;
             let tol = (wt.abs() * e_r[j] / rms + exact.abs() * (rel_rms + 2.0 * u)) * 1.01 + 2.0 * T::TINY;
             let got = norm_out[i].to_f32() as f64;
-            if !((got - exact).abs() <= tol) {
+            let within = (got - exact).abs() <= tol; // false for NaN
+            if !within {
                 return Err(format!(
                     "row {row} col {j}: norm out {got}, f64 reference {exact}, tolerance {tol}"
                 ));
@@ -200,8 +239,16 @@ fn verify<T: TestElem>(case: &Case<T>, fused: &Outs<T>, unfused: &Outs<T>, what:
     for (r, (res, out)) in fused.iter().enumerate() {
         check_bits(&format!("{what}: residual rank {r} vs rank 0"), &fused[0].0, res)?;
         check_bits(&format!("{what}: norm rank {r} vs rank 0"), &fused[0].1, out)?;
-        check_bits(&format!("{what}: residual fused vs unfused rank {r}"), &unfused[r].0, res)?;
-        check_bits(&format!("{what}: norm fused vs unfused rank {r}"), &unfused[r].1, out)?;
+        check_bits(
+            &format!("{what}: residual fused vs unfused rank {r}"),
+            &unfused[r].0,
+            res,
+        )?;
+        check_bits(
+            &format!("{what}: norm fused vs unfused rank {r}"),
+            &unfused[r].1,
+            out,
+        )?;
     }
     check_f64(case, &fused[0].0, &fused[0].1).map_err(|e| format!("{what}: {e}"))
 }
@@ -273,7 +320,9 @@ fn proptest_fused_against_f64_and_the_unfused_pair(ctx: Arc<CudaContext>) {
             // Keep each case under 1M elements so 48 cases stay quick.
             let tokens = tokens.min((1usize << 20) / hidden).max(1);
             let mut groups = groups.borrow_mut();
-            let (comms, streams) = groups.entry(world).or_insert_with(|| group(&ctx, world, config()));
+            let (comms, streams) = groups
+                .entry(world)
+                .or_insert_with(|| group(&ctx, world, config()));
             dispatch(
                 DType::ALL[d],
                 comms,
@@ -295,10 +344,27 @@ fn edge_shapes_every_dtype_at_world_8(ctx: Arc<CudaContext>) {
     let (comms, streams) = group(&ctx, 8, config());
     let mut seed = 1;
     for dtype in DType::ALL {
-        for (tokens, hidden) in [(1usize, 8192usize), (1, 16384), (1, 7168), (3, 1024), (512, 16384), (512, 7168)] {
+        for (tokens, hidden) in [
+            (1usize, 8192usize),
+            (1, 16384),
+            (1, 7168),
+            (3, 1024),
+            (512, 16384),
+            (512, 7168),
+        ] {
             for algo in [Algorithm::OneShot, Algorithm::TwoShot] {
                 seed += 1;
-                dispatch(dtype, &comms, &streams, tokens, hidden, algo, Algorithm::Auto, seed).unwrap();
+                dispatch(
+                    dtype,
+                    &comms,
+                    &streams,
+                    tokens,
+                    hidden,
+                    algo,
+                    Algorithm::Auto,
+                    seed,
+                )
+                .unwrap();
             }
         }
     }
@@ -321,24 +387,48 @@ fn bad_shapes_return_typed_errors_and_touch_nothing(ctx: Arc<CudaContext>) {
         Err(Error::InvalidShape { what: w, .. }) if w == what => {}
         other => panic!("expected InvalidShape {{ what: {what} }}, got {other:?}"),
     };
-    shape_err(c.all_reduce_add_rmsnorm(&input, &mut residual, &odd_weight, EPS, &mut out, s), "weight");
-    shape_err(c.all_reduce_add_rmsnorm(&input, &mut residual, &big_weight, EPS, &mut out, s), "weight");
-    shape_err(c.all_reduce_add_rmsnorm(&short, &mut residual, &weight, EPS, &mut out, s), "input");
-    shape_err(c.all_reduce_add_rmsnorm(&input, &mut residual, &weight, f32::NAN, &mut out, s), "eps");
+    shape_err(
+        c.all_reduce_add_rmsnorm(&input, &mut residual, &odd_weight, EPS, &mut out, s),
+        "weight",
+    );
+    shape_err(
+        c.all_reduce_add_rmsnorm(&input, &mut residual, &big_weight, EPS, &mut out, s),
+        "weight",
+    );
+    shape_err(
+        c.all_reduce_add_rmsnorm(&short, &mut residual, &weight, EPS, &mut out, s),
+        "input",
+    );
+    shape_err(
+        c.all_reduce_add_rmsnorm(&input, &mut residual, &weight, f32::NAN, &mut out, s),
+        "eps",
+    );
     let mut short_out = s.clone_htod(&vec![bf16::from_f32(0.0); 4095]).unwrap();
-    shape_err(c.all_reduce_add_rmsnorm(&input, &mut residual, &weight, EPS, &mut short_out, s), "norm_out");
+    shape_err(
+        c.all_reduce_add_rmsnorm(&input, &mut residual, &weight, EPS, &mut short_out, s),
+        "norm_out",
+    );
     {
         let mut short_res = residual.slice_mut(0..1024);
-        shape_err(c.all_reduce_add_rmsnorm(&input, &mut short_res, &weight, EPS, &mut out, s), "residual");
+        shape_err(
+            c.all_reduce_add_rmsnorm(&input, &mut short_res, &weight, EPS, &mut out, s),
+            "residual",
+        );
     }
-    shape_err(c.residual_rmsnorm(&input, &mut residual, &odd_weight, EPS, &mut out, s), "weight");
+    shape_err(
+        c.residual_rmsnorm(&input, &mut residual, &odd_weight, EPS, &mut out, s),
+        "weight",
+    );
     // A view that starts 2 bytes in: misaligned.
     {
         let misaligned = input.slice(1..1025);
         let mut res_view = residual.slice_mut(0..1024);
         let mut out_view = out.slice_mut(0..1024);
         let r = c.all_reduce_add_rmsnorm(&misaligned, &mut res_view, &weight, EPS, &mut out_view, s);
-        assert!(matches!(r, Err(Error::Misaligned { which: "input", .. })), "{r:?}");
+        assert!(
+            matches!(r, Err(Error::Misaligned { which: "input", .. })),
+            "{r:?}"
+        );
     }
     // Over the capacity without a fallback.
     let huge = CAPACITY / 2 + 1024;
@@ -347,7 +437,11 @@ fn bad_shapes_return_typed_errors_and_touch_nothing(ctx: Arc<CudaContext>) {
     let mut big_out = s.alloc_zeros::<bf16>(huge).unwrap();
     let r = c.all_reduce_add_rmsnorm(&big_in, &mut big_res, &weight, EPS, &mut big_out, s);
     assert!(matches!(r, Err(Error::ExceedsCapacity { .. })), "{r:?}");
-    assert!(c.add_rmsnorm_path(1, 8192, DType::BF16, Algorithm::Auto).unwrap().to_string().contains("fused"));
+    assert!(c
+        .add_rmsnorm_path(1, 8192, DType::BF16, Algorithm::Auto)
+        .unwrap()
+        .to_string()
+        .contains("fused"));
     s.synchronize().unwrap();
     assert_eq!(s.clone_dtoh(&residual).unwrap(), res_host);
     assert_eq!(s.clone_dtoh(&out).unwrap(), res_host);
@@ -391,17 +485,30 @@ fn fused_graph_replays(ctx: Arc<CudaContext>, world: usize) {
     let mut graphs: Vec<CudaGraph> = Vec::new();
     for r in 0..world {
         let s = &streams[r];
-        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
+        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .unwrap();
         for (o, &(_, _, algo)) in bufs.iter_mut().zip(&ops) {
             comms[r]
-                .all_reduce_add_rmsnorm_with(&o.input[r], &mut o.res[r], &o.weight[r], EPS, &mut o.out[r], s, algo)
+                .all_reduce_add_rmsnorm_with(
+                    &o.input[r],
+                    &mut o.res[r],
+                    &o.weight[r],
+                    EPS,
+                    &mut o.out[r],
+                    s,
+                    algo,
+                )
                 .unwrap();
             comms[r].all_reduce(&o.input[r], &mut o.sum[r], s).unwrap();
             comms[r]
                 .residual_rmsnorm(&o.sum[r], &mut o.res2[r], &o.weight[r], EPS, &mut o.out2[r], s)
                 .unwrap();
         }
-        graphs.push(s.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("captured graph"));
+        graphs.push(
+            s.end_capture(CUgraphInstantiate_flags(0))
+                .unwrap()
+                .expect("captured graph"),
+        );
     }
     for replay in 0..100u64 {
         let cases: Vec<Case<bf16>> = ops
@@ -428,7 +535,10 @@ fn fused_graph_replays(ctx: Arc<CudaContext>, world: usize) {
                 comms[r].synchronize(&streams[r]).unwrap();
                 let s = &streams[r];
                 fused.push((s.clone_dtoh(&o.res[r]).unwrap(), s.clone_dtoh(&o.out[r]).unwrap()));
-                unfused.push((s.clone_dtoh(&o.res2[r]).unwrap(), s.clone_dtoh(&o.out2[r]).unwrap()));
+                unfused.push((
+                    s.clone_dtoh(&o.res2[r]).unwrap(),
+                    s.clone_dtoh(&o.out2[r]).unwrap(),
+                ));
             }
             let what = format!("W={world} replay {replay} op {i} {:?}", ops[i]);
             verify(case, &fused, &unfused, &what).unwrap();
@@ -461,16 +571,24 @@ fn graph_of_all_reduces_with_event_tracking_on(ctx: Arc<CudaContext>) {
     // Eager, cross-stream: uploaded on `upload_stream`, reduced on the rank's stream.
     for len in [100usize, 40_000, 400_000] {
         let inputs: Vec<Vec<bf16>> = (0..W).map(|_| random_input(&mut g, len)).collect();
-        let d_in: Vec<CudaSlice<bf16>> = inputs.iter().map(|x| upload_stream.clone_htod(x).unwrap()).collect();
-        let mut d_out: Vec<CudaSlice<bf16>> = (0..W).map(|_| upload_stream.alloc_zeros(len).unwrap()).collect();
+        let d_in: Vec<CudaSlice<bf16>> = inputs
+            .iter()
+            .map(|x| upload_stream.clone_htod(x).unwrap())
+            .collect();
+        let mut d_out: Vec<CudaSlice<bf16>> =
+            (0..W).map(|_| upload_stream.alloc_zeros(len).unwrap()).collect();
         for r in 0..W {
             comms[r].all_reduce(&d_in[r], &mut d_out[r], &streams[r]).unwrap();
         }
         let expected = emulate(&inputs);
         for r in 0..W {
             comms[r].synchronize(&streams[r]).unwrap();
-            check_bits(&format!("eager len {len} rank {r}"), &expected, &streams[r].clone_dtoh(&d_out[r]).unwrap())
-                .unwrap();
+            check_bits(
+                &format!("eager len {len} rank {r}"),
+                &expected,
+                &streams[r].clone_dtoh(&d_out[r]).unwrap(),
+            )
+            .unwrap();
         }
     }
 
@@ -482,29 +600,44 @@ fn graph_of_all_reduces_with_event_tracking_on(ctx: Arc<CudaContext>) {
         (65_536, Algorithm::Auto),
     ];
     let sym_len = 5000usize;
-    let mut d_in: Vec<Vec<CudaSlice<bf16>>> =
-        ops.iter().map(|&(n, _)| streams.iter().map(|s| s.alloc_zeros(n).unwrap()).collect()).collect();
-    let mut d_out: Vec<Vec<CudaSlice<bf16>>> =
-        ops.iter().map(|&(n, _)| streams.iter().map(|s| s.alloc_zeros(n).unwrap()).collect()).collect();
+    let mut d_in: Vec<Vec<CudaSlice<bf16>>> = ops
+        .iter()
+        .map(|&(n, _)| streams.iter().map(|s| s.alloc_zeros(n).unwrap()).collect())
+        .collect();
+    let mut d_out: Vec<Vec<CudaSlice<bf16>>> = ops
+        .iter()
+        .map(|&(n, _)| streams.iter().map(|s| s.alloc_zeros(n).unwrap()).collect())
+        .collect();
     let mut in_place: Vec<CudaSlice<bf16>> = streams.iter().map(|s| s.alloc_zeros(3000).unwrap()).collect();
     let mut sym_in: Vec<CudaSlice<bf16>> = streams.iter().map(|s| s.alloc_zeros(sym_len).unwrap()).collect();
     let mut sym_out: Vec<CudaSlice<bf16>> = streams.iter().map(|s| s.alloc_zeros(sym_len).unwrap()).collect();
     let mut graphs = Vec::new();
     for r in 0..W {
         let s = &streams[r];
-        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .unwrap();
         for (i, &(_, algo)) in ops.iter().enumerate() {
-            comms[r].all_reduce_with(&d_in[i][r], &mut d_out[i][r], s, algo).unwrap();
+            comms[r]
+                .all_reduce_with(&d_in[i][r], &mut d_out[i][r], s, algo)
+                .unwrap();
         }
-        comms[r].all_reduce_in_place(&mut in_place[r], s, Algorithm::Auto).unwrap();
+        comms[r]
+            .all_reduce_in_place(&mut in_place[r], s, Algorithm::Auto)
+            .unwrap();
         comms[r].copy_to_symmetric(&sym_in[r], s).unwrap();
         comms[r].all_reduce_symmetric::<bf16>(sym_len, s).unwrap();
         comms[r].copy_from_symmetric(&mut sym_out[r], s).unwrap();
-        graphs.push(s.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("captured graph"));
+        graphs.push(
+            s.end_capture(CUgraphInstantiate_flags(0))
+                .unwrap()
+                .expect("captured graph"),
+        );
     }
     for replay in 0..100 {
-        let ins: Vec<Vec<Vec<bf16>>> =
-            ops.iter().map(|&(n, _)| (0..W).map(|_| random_input(&mut g, n)).collect()).collect();
+        let ins: Vec<Vec<Vec<bf16>>> = ops
+            .iter()
+            .map(|&(n, _)| (0..W).map(|_| random_input(&mut g, n)).collect())
+            .collect();
         let ip: Vec<Vec<bf16>> = (0..W).map(|_| random_input(&mut g, 3000)).collect();
         let sy: Vec<Vec<bf16>> = (0..W).map(|_| random_input(&mut g, sym_len)).collect();
         for r in 0..W {
@@ -527,7 +660,12 @@ fn graph_of_all_reduces_with_event_tracking_on(ctx: Arc<CudaContext>) {
             let got = streams[r].clone_dtoh(&in_place[r]).unwrap();
             check_bits(&format!("replay {replay} in place rank {r}"), &emulate(&ip), &got).unwrap();
             let got = streams[r].clone_dtoh(&sym_out[r]).unwrap();
-            check_bits(&format!("replay {replay} symmetric rank {r}"), &emulate(&sy), &got).unwrap();
+            check_bits(
+                &format!("replay {replay} symmetric rank {r}"),
+                &emulate(&sy),
+                &got,
+            )
+            .unwrap();
         }
     }
     assert!(ctx.is_event_tracking());
