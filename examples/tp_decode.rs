@@ -109,9 +109,18 @@ enum Variant {
     Fused,
     Unfused,
     ComputeOnly,
+    /// The two all-reduce + norm points of every layer and nothing else.
+    FusedAlone,
+    UnfusedAlone,
 }
 
-const VARIANTS: [Variant; 3] = [Variant::Fused, Variant::Unfused, Variant::ComputeOnly];
+const VARIANTS: [Variant; 5] = [
+    Variant::Fused,
+    Variant::Unfused,
+    Variant::ComputeOnly,
+    Variant::FusedAlone,
+    Variant::UnfusedAlone,
+];
 
 impl Variant {
     fn name(self) -> &'static str {
@@ -119,6 +128,8 @@ impl Variant {
             Variant::Fused => "fused AR+norm",
             Variant::Unfused => "unfused AR, norm",
             Variant::ComputeOnly => "compute only",
+            Variant::FusedAlone => "fused AR+norm alone",
+            Variant::UnfusedAlone => "unfused AR, norm alone",
         }
     }
 }
@@ -277,7 +288,7 @@ impl Rank {
         let e = |e: symm_allreduce::Error| e.to_string();
         let eps = 1e-5;
         match v {
-            Variant::Fused => comm
+            Variant::Fused | Variant::FusedAlone => comm
                 .all_reduce_add_rmsnorm(
                     &self.partial,
                     &mut self.x,
@@ -287,7 +298,7 @@ impl Rank {
                     &self.stream,
                 )
                 .map_err(e),
-            Variant::Unfused => {
+            Variant::Unfused | Variant::UnfusedAlone => {
                 comm.all_reduce(&self.partial, &mut self.sum, &self.stream)
                     .map_err(e)?;
                 comm.residual_rmsnorm(
@@ -314,6 +325,10 @@ impl Rank {
     }
 
     fn layer(&mut self, comm: &Communicator, d: &Dims, v: Variant) -> Result<(), String> {
+        if matches!(v, Variant::FusedAlone | Variant::UnfusedAlone) {
+            self.reduce_norm(comm, v)?;
+            return self.reduce_norm(comm, v);
+        }
         let st = self.stream.clone();
         let Ptrs {
             w_attn,
@@ -508,11 +523,16 @@ fn run() -> Result<(), String> {
             );
         }
         let per_call = |s: f64| (s - t[2]) * 1e6 / (2.0 * layers);
+        let alone = |s: f64| s * 1e6 / (2.0 * layers);
         println!(
-            "  all-reduce + residual + norm over compute-only, per call: fused {:.2} us, unfused {:.2} us -> fused is {}",
+            "  per all-reduce + residual + norm call: in the step (over compute-only) fused {:.2} us, unfused {:.2} us; \
+             alone fused {:.2} us, unfused {:.2} us -> fused is {} in the step, {} alone",
             per_call(t[0]),
             per_call(t[1]),
-            if t[0] < t[1] { "FASTER" } else { "NOT faster" }
+            alone(t[3]),
+            alone(t[4]),
+            if t[0] < t[1] { "FASTER" } else { "NOT faster" },
+            if t[3] < t[4] { "FASTER" } else { "NOT faster" },
         );
     }
     Ok(())

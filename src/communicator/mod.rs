@@ -66,7 +66,10 @@ enum Paths {
 ///
 /// Every call is asynchronous on the stream it is given. Calls that the peer kernels take
 /// are CUDA-graph capturable: no allocation, no host synchronisation and no driver call other
-/// than the kernel launch. Calls routed to NCCL ([`Communicator::path`] says which) are what
+/// than the kernel launch (plus one `cuStreamIsCapturing` when cudarc's event tracking is on,
+/// its default: while the stream is being captured, cudarc's per-buffer event bookkeeping is
+/// done on a stream of the communicator's own, so a capture never waits on an event recorded
+/// outside it). Calls routed to NCCL ([`Communicator::path`] says which) are what
 /// `ncclAllReduce` is.
 #[derive(Debug)]
 pub struct Communicator {

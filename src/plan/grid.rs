@@ -48,7 +48,7 @@ pub(crate) fn grid(kernel: Kernel, len: usize, dtype: DType, world: usize, limit
         };
         return Plan {
             algorithm: algorithm_of(kernel),
-            blocks: work.clamp(1, cap.min(u16::MAX as usize)) as u32,
+            blocks: work.min(cap).min(u16::MAX as usize).max(1) as u32,
             threads: THREADS_PER_BLOCK,
         };
     }
