@@ -234,7 +234,62 @@ fn check_f64<T: TestElem>(case: &Case<T>, res_out: &[T], norm_out: &[T]) -> Resu
     Ok(())
 }
 
-/// All ranks identical; fused == unfused bit for bit; rank 0 against f64.
+/// The kernels' arithmetic as documented (src/communicator/fused.rs), emulated on the host
+/// bit for bit: rank-order fp32 sum rounded to T, fp32 residual add rounded to T, per-thread
+/// FMA partials of a 512-thread block over packs t, t+512, …, the shuffle-down tree within
+/// each warp and over the 16 warp sums, `1 / sqrt(ss / hidden + eps)`, then
+/// `round(round(r · inv) · w)`.
+fn emulate_fused<T: TestElem>(case: &Case<T>) -> (Vec<T>, Vec<T>) {
+    let h = case.hidden;
+    let per = T::DTYPE.per_pack();
+    let packs = h / per;
+    let sums = emulate(&case.inputs);
+    let res: Vec<T> = case
+        .residual
+        .iter()
+        .zip(&sums)
+        .map(|(r, s)| T::from_f32(r.to_f32() + s.to_f32()))
+        .collect();
+    let tree = |v: &mut [f32; 32]| {
+        for off in [16usize, 8, 4, 2, 1] {
+            let old = *v;
+            for lane in 0..32 {
+                if lane + off < 32 {
+                    v[lane] = old[lane] + old[lane + off];
+                }
+            }
+        }
+        v[0]
+    };
+    let mut norm = Vec::with_capacity(res.len());
+    for row in res.chunks(h) {
+        let mut partial = [0.0f32; 512];
+        for (t, acc) in partial.iter_mut().enumerate() {
+            for k in (t..packs).step_by(512) {
+                for e in 0..per {
+                    let v = row[k * per + e].to_f32();
+                    *acc = v.mul_add(v, *acc);
+                }
+            }
+        }
+        let mut warps = [0.0f32; 32];
+        for w in 0..16 {
+            let mut v = [0.0f32; 32];
+            v.copy_from_slice(&partial[w * 32..w * 32 + 32]);
+            warps[w] = tree(&mut v);
+        }
+        let total = tree(&mut warps);
+        let inv = 1.0f32 / (total / h as f32 + EPS).sqrt();
+        for (j, r) in row.iter().enumerate() {
+            let n = T::from_f32(r.to_f32() * inv).to_f32();
+            norm.push(T::from_f32(n * case.weight[j].to_f32()));
+        }
+    }
+    (res, norm)
+}
+
+/// All ranks identical; fused == unfused bit for bit; rank 0 against the host emulation of
+/// the documented arithmetic (bit for bit) and against f64 (within a bound).
 fn verify<T: TestElem>(case: &Case<T>, fused: &Outs<T>, unfused: &Outs<T>, what: &str) -> Result<(), String> {
     for (r, (res, out)) in fused.iter().enumerate() {
         check_bits(&format!("{what}: residual rank {r} vs rank 0"), &fused[0].0, res)?;
@@ -250,6 +305,9 @@ fn verify<T: TestElem>(case: &Case<T>, fused: &Outs<T>, unfused: &Outs<T>, what:
             out,
         )?;
     }
+    let (res, norm) = emulate_fused(case);
+    check_bits(&format!("{what}: residual vs host emulation"), &res, &fused[0].0)?;
+    check_bits(&format!("{what}: norm vs host emulation"), &norm, &fused[0].1)?;
     check_f64(case, &fused[0].0, &fused[0].1).map_err(|e| format!("{what}: {e}"))
 }
 
