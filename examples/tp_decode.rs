@@ -40,7 +40,7 @@ use symm_allreduce::cudarc::driver::{
     CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
 use symm_allreduce::cudarc::nvrtc::compile_ptx;
-use symm_allreduce::{Communicator, Config};
+use symm_allreduce::{Algorithm, Communicator, Config};
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Tensor-parallel decode step: fused vs unfused all-reduce + RMSNorm vs compute only")]
@@ -112,14 +112,19 @@ enum Variant {
     /// The two all-reduce + norm points of every layer and nothing else.
     FusedAlone,
     UnfusedAlone,
+    /// The fused call alone with its algorithm forced.
+    FusedAloneOneShot,
+    FusedAloneTwoShot,
 }
 
-const VARIANTS: [Variant; 5] = [
+const VARIANTS: [Variant; 7] = [
     Variant::Fused,
     Variant::Unfused,
     Variant::ComputeOnly,
     Variant::FusedAlone,
     Variant::UnfusedAlone,
+    Variant::FusedAloneOneShot,
+    Variant::FusedAloneTwoShot,
 ];
 
 impl Variant {
@@ -130,6 +135,8 @@ impl Variant {
             Variant::ComputeOnly => "compute only",
             Variant::FusedAlone => "fused AR+norm alone",
             Variant::UnfusedAlone => "unfused AR, norm alone",
+            Variant::FusedAloneOneShot => "fused alone, one-shot",
+            Variant::FusedAloneTwoShot => "fused alone, two-shot",
         }
     }
 }
@@ -298,6 +305,23 @@ impl Rank {
                     &self.stream,
                 )
                 .map_err(e),
+            Variant::FusedAloneOneShot | Variant::FusedAloneTwoShot => {
+                let algorithm = if v == Variant::FusedAloneOneShot {
+                    Algorithm::OneShot
+                } else {
+                    Algorithm::TwoShot
+                };
+                comm.all_reduce_add_rmsnorm_with(
+                    &self.partial,
+                    &mut self.x,
+                    &self.norm_w,
+                    eps,
+                    &mut self.normed,
+                    &self.stream,
+                    algorithm,
+                )
+                .map_err(e)
+            }
             Variant::Unfused | Variant::UnfusedAlone => {
                 comm.all_reduce(&self.partial, &mut self.sum, &self.stream)
                     .map_err(e)?;
@@ -325,7 +349,13 @@ impl Rank {
     }
 
     fn layer(&mut self, comm: &Communicator, d: &Dims, v: Variant) -> Result<(), String> {
-        if matches!(v, Variant::FusedAlone | Variant::UnfusedAlone) {
+        if matches!(
+            v,
+            Variant::FusedAlone
+                | Variant::UnfusedAlone
+                | Variant::FusedAloneOneShot
+                | Variant::FusedAloneTwoShot
+        ) {
             self.reduce_norm(comm, v)?;
             return self.reduce_norm(comm, v);
         }
@@ -480,12 +510,7 @@ fn run() -> Result<(), String> {
         let comms = Communicator::local_group(&rank_ctx, config.clone()).map_err(|e| e.to_string())?;
         if batch == args.batch[0] {
             let p = comms[0]
-                .add_rmsnorm_path(
-                    batch,
-                    args.hidden,
-                    symm_allreduce::DType::BF16,
-                    symm_allreduce::Algorithm::Auto,
-                )
+                .add_rmsnorm_path(batch, args.hidden, symm_allreduce::DType::BF16, Algorithm::Auto)
                 .map_err(|e| e.to_string())?;
             println!("  path at batch {batch}: {p}");
         }
@@ -516,7 +541,7 @@ fn run() -> Result<(), String> {
         );
         for (v, secs) in VARIANTS.iter().zip(t) {
             println!(
-                "  {:<17} {:>9.1} us/step  {:>8.2} us/layer",
+                "  {:<24} {:>9.1} us/step  {:>8.2} us/layer",
                 v.name(),
                 secs * 1e6,
                 secs * 1e6 / layers
@@ -533,6 +558,11 @@ fn run() -> Result<(), String> {
             alone(t[4]),
             if t[0] < t[1] { "FASTER" } else { "NOT faster" },
             if t[3] < t[4] { "FASTER" } else { "NOT faster" },
+        );
+        println!(
+            "  fused alone per call, algorithm forced: one-shot {:.2} us, two-shot {:.2} us",
+            alone(t[5]),
+            alone(t[6])
         );
     }
     Ok(())
