@@ -115,6 +115,15 @@ pub enum Error {
         output: usize,
     },
 
+    /// A buffer of the fused all-reduce + residual + RMSNorm call has the wrong shape.
+    #[error("all_reduce_add_rmsnorm: {what}: {reason}")]
+    InvalidShape {
+        /// The argument at fault: "input", "residual", "weight", "norm_out" or "eps".
+        what: &'static str,
+        /// What is wrong and what it must be.
+        reason: String,
+    },
+
     /// The message does not fit the symmetric workspace.
     #[error(
         "{bytes} bytes exceed this communicator's capacity of {capacity} bytes: raise Config::capacity_bytes \
@@ -384,7 +393,7 @@ mod tests {
     /// Number of `Error` variants; `variant` below matches them exhaustively, so a new
     /// variant does not compile until it gets an index here, and the test fails until
     /// `every_error` constructs it.
-    const VARIANTS: usize = 28;
+    const VARIANTS: usize = 29;
 
     /// A stable index per variant and the text its message must contain to say what to do
     /// (`None` where the message carries the cause only).
@@ -418,6 +427,7 @@ mod tests {
             Error::TuningMismatch { .. } => (25, Some("every rank must use the same table")),
             Error::CountsMismatch { .. } => (26, Some("every rank must pass the same")),
             Error::InvalidCollective { .. } => (27, None),
+            Error::InvalidShape { .. } => (28, None),
         }
     }
 
@@ -519,6 +529,10 @@ mod tests {
             Error::InvalidCollective {
                 call: "all_gather_v",
                 reason: "counts has 3 entries, the world is 4".into(),
+            },
+            Error::InvalidShape {
+                what: "weight",
+                reason: "has 4095 elements, hidden is 4096".into(),
             },
         ]
     }

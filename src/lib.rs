@@ -64,6 +64,7 @@ pub use error::{BarrierPhase, Error, Result};
 pub use kernels::abi::MAX_RANKS;
 pub use kernels::{embedded_ptx, kernels_available, ptxas_report};
 pub use nccl::{nccl_library, nccl_teardown_failures, NcclLibraryInfo};
+pub use plan::fused::MAX_HIDDEN;
 pub use plan::{Limits, PathDecision, Plan};
 pub use symmetric::Layout;
 pub use topology::{LinkKind, PeerDecision, PeerLink, RankPlacement, Topology};

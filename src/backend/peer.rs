@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::kernels::abi::{check_shape, SymmArgs};
 use crate::kernels::coll::{self, GatherCounts};
 use crate::kernels::launch;
+use crate::kernels::norm_abi::NormArgs;
 use crate::kernels::registry::Kernel;
 use crate::kernels::Kernels;
 use crate::plan::validate::CallShape;
@@ -167,6 +168,27 @@ impl PeerBackend {
         let func = self.kernels.get(Kernel::ReduceScatter, dtype)?;
         let shape = self.check_shape(Some(Kernel::ReduceScatter), dtype);
         self.launch_function(func, plan, (input, output, len), shape, stream)
+    }
+
+    /// Launches a residual + RMSNorm kernel: a fused all-reduce one (`FusedOneShot`,
+    /// `FusedTwoShot`, over the workspace) or the unfused epilogue (`RmsNorm`). The caller
+    /// validated the shape (16-byte aligned buffers of `tokens × hidden` elements, `hidden`
+    /// for the weight, on this rank's device, within the capacity for the fused kernels) and
+    /// made the context current.
+    pub(crate) fn launch_norm(
+        &self,
+        kernel: Kernel,
+        plan: Plan,
+        dtype: crate::dtype::DType,
+        norm: &NormArgs,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        let func = self.kernels.get(kernel, dtype)?;
+        let args = (kernel != Kernel::RmsNorm).then_some(&self.args);
+        // SAFETY: the fused kernels take (NormArgs, SymmArgs) and the unfused one (NormArgs),
+        // with the table column's dtype; the caller validated the ranges; the workspace and
+        // the error word in `args` outlive the launch (the communicator's Drop synchronises).
+        unsafe { launch::launch_norm(func, (plan.blocks, plan.threads), norm, args, stream) }
     }
 
     /// Launches the body-less kernel with `plan`'s grid.

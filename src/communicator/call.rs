@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{sys, CudaStream, DevicePtr, DevicePtrMut};
 
 use super::{Communicator, Paths};
 use crate::config::Algorithm;
@@ -49,8 +49,10 @@ impl Communicator {
         };
         validate_lengths(&shape)?;
         let route = self.route(CallKind::Buffers, shape.input_len, T::DTYPE, algorithm)?;
-        let (in_ptr, _read) = input.device_ptr(stream);
-        let (out_ptr, _write) = output.device_ptr_mut(stream);
+        let book = self.bookkeeping(stream)?;
+        let (in_ptr, read) = input.device_ptr(book);
+        let (out_ptr, write) = output.device_ptr_mut(book);
+        let _records = self.settle(book, stream, (read, write))?;
         let shape = CallShape {
             input_addr: in_ptr,
             output_addr: out_ptr,
@@ -72,7 +74,9 @@ impl Communicator {
         let stream_device = stream.context().ordinal();
         validate_lengths(&CallShape::in_place(T::DTYPE, len, 0, device, stream_device))?;
         let route = self.route(CallKind::Buffers, len, T::DTYPE, algorithm)?;
-        let (ptr, _write) = buffer.device_ptr_mut(stream);
+        let book = self.bookkeeping(stream)?;
+        let (ptr, write) = buffer.device_ptr_mut(book);
+        let _records = self.settle(book, stream, write)?;
         self.run::<T>(
             &CallShape::in_place(T::DTYPE, len, ptr, device, stream_device),
             &route,
@@ -116,7 +120,9 @@ impl Communicator {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         self.check_symmetric_copy::<T>(src.len(), src.stream().context().ordinal(), stream)?;
-        let (ptr, _read) = src.device_ptr(stream);
+        let book = self.bookkeeping(stream)?;
+        let (ptr, read) = src.device_ptr(book);
+        let _records = self.settle(book, stream, read)?;
         self.copy(self.symmetric_buffer(), ptr, src.len() * T::DTYPE.size(), stream)
     }
 
@@ -128,7 +134,9 @@ impl Communicator {
     ) -> Result<()> {
         self.check_symmetric_copy::<T>(dst.len(), dst.stream().context().ordinal(), stream)?;
         let len = dst.len();
-        let (ptr, _write) = dst.device_ptr_mut(stream);
+        let book = self.bookkeeping(stream)?;
+        let (ptr, write) = dst.device_ptr_mut(book);
+        let _records = self.settle(book, stream, write)?;
         self.copy(ptr, self.symmetric_buffer(), len * T::DTYPE.size(), stream)
     }
 
@@ -253,13 +261,74 @@ impl Communicator {
         }
     }
 
+    /// The stream on which cudarc does its event bookkeeping for this call's buffers
+    /// (`device_ptr(book)` waits on the buffers' last writes or reads there, and the guard it
+    /// returns records their read / write event there when dropped).
+    ///
+    /// With event tracking on (cudarc's default), `device_ptr(stream)` on a stream that is
+    /// being captured makes that stream wait on events recorded *outside* the capture (the
+    /// upload that filled the input, say), which CUDA refuses
+    /// (`CUDA_ERROR_STREAM_CAPTURE_ISOLATION`, and the capture is invalidated); it would also
+    /// record the buffers' events *inside* the capture, and every later eager use of those
+    /// buffers would then wait on a captured event (`CUDA_ERROR_CAPTURED_EVENT`). So:
+    /// - eager calls (or tracking off): the caller's stream, exactly cudarc's contract: the
+    ///   call waits for earlier writers and later users wait for the call;
+    /// - while the caller's stream is capturing: this rank's shadow stream, which the crate
+    ///   never captures. The waits become legal eager waits that order nothing in the graph
+    ///   (a graph node has no eager predecessor: ordering a replay after the writes that fill
+    ///   its inputs is the stream the graph is launched on, as for every captured kernel), and
+    ///   the events are recorded eagerly, so cudarc's later eager bookkeeping stays valid.
+    ///   Inside the graph, the call is ordered after the work captured before it on the same
+    ///   stream, as any captured kernel is.
+    ///
+    /// No allocation; one `cuStreamIsCapturing` per call when cudarc manages synchronisation.
+    pub(super) fn bookkeeping<'s>(&'s self, stream: &'s Arc<CudaStream>) -> Result<&'s CudaStream> {
+        let Some(shadow) = &self.shadow.stream else {
+            return Ok(stream);
+        };
+        if !stream.context().is_managing_stream_synchronization() {
+            return Ok(stream);
+        }
+        match stream.capture_status().during("cuStreamIsCapturing")? {
+            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Ok(stream),
+            _ => Ok(shadow),
+        }
+    }
+
+    /// Ends the bookkeeping of [`bookkeeping`](Self::bookkeeping): on the caller's stream the
+    /// guards are kept until the call is enqueued (returned, dropped by the caller after the
+    /// launch); on the shadow stream they are dropped now, and if a wait drew the shadow
+    /// stream into the capture (a buffer last written by work captured in this same capture
+    /// makes the eager shadow wait on a captured event, which forks it into the capture), it
+    /// is joined back into the caller's stream so the capture stays well formed.
+    pub(super) fn settle<G>(&self, book: &CudaStream, stream: &CudaStream, guards: G) -> Result<Option<G>> {
+        if book.cu_stream() == stream.cu_stream() {
+            return Ok(Some(guards));
+        }
+        drop(guards);
+        let status = book.capture_status().during("cuStreamIsCapturing")?;
+        if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            let joined = self
+                .shadow
+                .join
+                .record(book)
+                .and_then(|()| stream.wait(&self.shadow.join));
+            joined.map_err(|source| Error::StreamOrder { source })?;
+        }
+        Ok(None)
+    }
+
     /// Orders this call after the communicator's previous one when it comes on another
     /// stream: an event recorded on the previous stream, waited for by this one (both
     /// capturable). Two calls of one rank never run at once, whatever streams they come on.
+    /// When exactly one of the two streams is being captured the event is skipped: a
+    /// captured stream may not wait on eager work (nor an eager stream on captured work), and
+    /// the graph's replays are ordered by the stream it is launched on.
     pub(super) fn order_after_previous_call(&self, stream: &Arc<CudaStream>) -> Result<()> {
         let mut order = self.order.borrow_mut();
         match &order.last {
             Some(last) if last.cu_stream() == stream.cu_stream() => return Ok(()),
+            Some(last) if capturing(last)? != capturing(stream)? => {}
             Some(last) => {
                 let ordered = order.event.record(last).and_then(|()| stream.wait(&order.event));
                 ordered.map_err(|source| Error::StreamOrder { source })?;
@@ -271,7 +340,12 @@ impl Communicator {
     }
 
     /// Validates placement for the route's target and runs it.
-    fn run<T: Element>(&self, shape: &CallShape, route: &Route, stream: &Arc<CudaStream>) -> Result<()> {
+    pub(super) fn run<T: Element>(
+        &self,
+        shape: &CallShape,
+        route: &Route,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
         let _range = nvtx::Range::new(|| {
             format!(
                 "symm all_reduce {} {} {} B",
@@ -297,4 +371,10 @@ impl Communicator {
             }
         }
     }
+}
+
+/// Whether `stream` is being captured (an invalidated capture counts as capturing).
+fn capturing(stream: &CudaStream) -> Result<bool> {
+    let status = stream.capture_status().during("cuStreamIsCapturing")?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }

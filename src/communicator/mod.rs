@@ -4,6 +4,7 @@
 
 mod call;
 mod collectives;
+mod fused;
 mod local_group;
 
 use std::cell::RefCell;
@@ -66,7 +67,10 @@ enum Paths {
 ///
 /// Every call is asynchronous on the stream it is given. Calls that the peer kernels take
 /// are CUDA-graph capturable: no allocation, no host synchronisation and no driver call other
-/// than the kernel launch. Calls routed to NCCL ([`Communicator::path`] says which) are what
+/// than the kernel launch (plus one `cuStreamIsCapturing` when cudarc's event tracking is on,
+/// its default: while the stream is being captured, cudarc's per-buffer event bookkeeping is
+/// done on a stream of the communicator's own, so a capture never waits on an event recorded
+/// outside it). Calls routed to NCCL ([`Communicator::path`] says which) are what
 /// `ncclAllReduce` is.
 #[derive(Debug)]
 pub struct Communicator {
@@ -83,6 +87,8 @@ pub struct Communicator {
     poisoned: RefCell<Option<Error>>,
     /// The stream of the last call, to order a call on another stream after it.
     order: RefCell<StreamOrder>,
+    /// cudarc's bookkeeping under capture.
+    shadow: Shadow,
 }
 
 /// The last call's stream and the event that orders the next call after it.
@@ -90,6 +96,17 @@ pub struct Communicator {
 struct StreamOrder {
     last: Option<Arc<CudaStream>>,
     event: CudaEvent,
+}
+
+/// Where cudarc's event bookkeeping of a call's buffers runs while the caller's stream is
+/// being captured (see `Communicator::bookkeeping` in call.rs).
+#[derive(Debug)]
+struct Shadow {
+    /// A stream of this rank's context that is never captured by the crate; `None` when the
+    /// context had event tracking off at setup (cudarc then records nothing).
+    stream: Option<Arc<CudaStream>>,
+    /// Joins `stream` back into the caller's capture if a wait drew it in.
+    join: CudaEvent,
 }
 
 impl Communicator {
@@ -171,8 +188,18 @@ impl Communicator {
             .ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
             .during("cuEventCreate")?;
+        let join = s
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .during("cuEventCreate")?;
+        let shadow = if s.ctx.is_event_tracking() {
+            Some(s.ctx.new_stream().during("cuStreamCreate")?)
+        } else {
+            None
+        };
         let comm = Communicator {
             order: RefCell::new(StreamOrder { last: None, event }),
+            shadow: Shadow { stream: shadow, join },
             paths,
             ctx: s.ctx,
             rank: s.rank,

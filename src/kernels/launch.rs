@@ -150,3 +150,41 @@ pub(crate) unsafe fn copy(dst: u64, src: u64, bytes: usize, stream: &CudaStream)
     let code = unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream.cu_stream()) };
     code.result().during("cuMemcpyDtoDAsync")
 }
+
+/// Launches a residual + RMSNorm kernel: `func(norm)` (unfused) or `func(norm, args)` (the
+/// fused all-reduce kernels) with `blocks × threads` on `stream`. The context of `stream`
+/// must be current.
+///
+/// # Safety
+/// `func` takes exactly `(NormArgs)` when `args` is `None` and `(NormArgs, SymmArgs)`
+/// otherwise; the four buffers in `norm` are 16-byte aligned device ranges on the stream's
+/// device of the sizes its `tokens` and `hidden` give, live until the launch completes; every
+/// address in `args` is mapped on that device until the launch completes.
+pub(crate) unsafe fn launch_norm(
+    func: &CudaFunction,
+    (blocks, threads): (u32, u32),
+    norm: &super::norm_abi::NormArgs,
+    args: Option<&SymmArgs>,
+    stream: &CudaStream,
+) -> Result<()> {
+    let mut norm = *norm;
+    let mut symm = args.copied().unwrap_or_default();
+    let mut params: [*mut c_void; 2] = [
+        (&mut norm as *mut super::norm_abi::NormArgs).cast(),
+        (&mut symm as *mut SymmArgs).cast(),
+    ];
+    let params = &mut params[..if args.is_some() { 2 } else { 1 }];
+    // SAFETY: the caller guarantees the signature and the ranges; `params` points at locals
+    // that outlive the call (the driver copies them at launch).
+    unsafe {
+        result::launch_kernel(
+            func.cu_function(),
+            (blocks, 1, 1),
+            (threads, 1, 1),
+            0,
+            stream.cu_stream(),
+            params,
+        )
+    }
+    .during("cuLaunchKernel")
+}

@@ -5,6 +5,7 @@
 pub(crate) mod abi;
 pub(crate) mod coll;
 pub(crate) mod launch;
+pub(crate) mod norm_abi;
 pub(crate) mod registry;
 
 use std::sync::Arc;
@@ -131,7 +132,7 @@ impl Kernels {
     /// `(one-shot family, two-shot family)`.
     pub(crate) fn blocks_per_sm(&self, threads: u32) -> Result<(usize, usize)> {
         let mut least = [usize::MAX; 2];
-        for spec in &KERNELS {
+        for spec in KERNELS.iter().filter(|s| s.family != Family::Local) {
             for f in self.table[spec.kernel.index()].iter().flatten() {
                 let n = f
                     .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)

@@ -13,6 +13,8 @@ pub(crate) enum Family {
     OneShot,
     /// Reduce-scatter then all-gather: two-shot and the in-place kernel.
     TwoShot,
+    /// No barrier, no workspace (the unfused residual + RMSNorm): any grid is resident.
+    Local,
 }
 
 /// A device kernel (one per dtype in the fatbin).
@@ -26,6 +28,12 @@ pub(crate) enum Kernel {
     AllGather,
     /// Reduce-scatter, one-shot.
     ReduceScatter,
+    /// All-reduce + residual + RMSNorm, one barrier (kernels/fused_norm.cuh).
+    FusedOneShot,
+    /// All-reduce + residual + RMSNorm, rows split across ranks, two barriers.
+    FusedTwoShot,
+    /// Residual + RMSNorm of an all-reduced buffer (the unfused epilogue).
+    RmsNorm,
 }
 
 /// One registry row.
@@ -40,7 +48,7 @@ pub(crate) struct KernelSpec {
 }
 
 /// Every kernel, in table order.
-pub(crate) const KERNELS: [KernelSpec; 6] = [
+pub(crate) const KERNELS: [KernelSpec; 9] = [
     KernelSpec {
         kernel: Kernel::OneShot,
         prefix: "one_shot",
@@ -77,6 +85,24 @@ pub(crate) const KERNELS: [KernelSpec; 6] = [
         min_arch: 80,
         family: Family::OneShot,
     },
+    KernelSpec {
+        kernel: Kernel::FusedOneShot,
+        prefix: "fused_one_shot",
+        min_arch: 80,
+        family: Family::OneShot,
+    },
+    KernelSpec {
+        kernel: Kernel::FusedTwoShot,
+        prefix: "fused_two_shot",
+        min_arch: 80,
+        family: Family::TwoShot,
+    },
+    KernelSpec {
+        kernel: Kernel::RmsNorm,
+        prefix: "rmsnorm",
+        min_arch: 80,
+        family: Family::Local,
+    },
 ];
 
 /// The body-less kernel with the common signature (the benchmark's launch floor).
@@ -97,6 +123,9 @@ impl Kernel {
             Kernel::LowLatency => 3,
             Kernel::AllGather => 4,
             Kernel::ReduceScatter => 5,
+            Kernel::FusedOneShot => 6,
+            Kernel::FusedTwoShot => 7,
+            Kernel::RmsNorm => 8,
         }
     }
 

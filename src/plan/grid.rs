@@ -4,7 +4,7 @@ use super::{algorithm_of, kernel_for, Limits, Plan};
 use crate::config::{Algorithm, Config};
 use crate::dtype::DType;
 use crate::kernels::abi::{MAX_BLOCKS, THREADS_PER_BLOCK};
-use crate::kernels::registry::Kernel;
+use crate::kernels::registry::{Family, Kernel};
 
 /// The algorithm a call of `bytes` of `dtype` takes: `requested` unless it is `Auto`, then
 /// the configured one unless that is `Auto`, then the size rule with the thresholds of
@@ -44,7 +44,24 @@ pub(crate) fn grid(kernel: Kernel, len: usize, dtype: DType, world: usize, limit
         // Reduce-scatter: `len` is the per-rank output (one slice); all-gather: `len` is the
         // largest per-rank chunk (its grid is sized in plan::collective).
         Kernel::OneShot | Kernel::AllGather | Kernel::ReduceScatter => packs,
+        // One block per row (see plan::fused; the two-shot maps rows to blocks as the
+        // one-shot does and splits only the reduction by owner); `len` is rows here.
+        Kernel::FusedOneShot | Kernel::FusedTwoShot | Kernel::RmsNorm => len,
     };
+    if matches!(
+        kernel,
+        Kernel::FusedOneShot | Kernel::FusedTwoShot | Kernel::RmsNorm
+    ) {
+        let cap = match kernel.family() {
+            Family::Local => usize::MAX,
+            family => limits.blocks(family).min(MAX_BLOCKS),
+        };
+        return Plan {
+            algorithm: algorithm_of(kernel),
+            blocks: work.min(cap).min(u16::MAX as usize).max(1) as u32,
+            threads: THREADS_PER_BLOCK,
+        };
+    }
     let wanted = work.div_ceil(THREADS_PER_BLOCK as usize).max(1);
     Plan {
         algorithm: algorithm_of(kernel),

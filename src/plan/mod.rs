@@ -10,6 +10,7 @@
 
 pub(crate) mod collective;
 pub(crate) mod explain;
+pub(crate) mod fused;
 pub(crate) mod grid;
 pub(crate) mod route;
 pub(crate) mod validate;
@@ -23,8 +24,12 @@ use crate::kernels::registry::{Family, Kernel};
 /// The algorithm a kernel implements (the in-place kernel is a two-shot).
 pub(crate) const fn algorithm_of(kernel: Kernel) -> Algorithm {
     match kernel {
-        Kernel::OneShot | Kernel::AllGather | Kernel::ReduceScatter => Algorithm::OneShot,
-        Kernel::TwoShot | Kernel::InPlace => Algorithm::TwoShot,
+        Kernel::OneShot
+        | Kernel::AllGather
+        | Kernel::ReduceScatter
+        | Kernel::FusedOneShot
+        | Kernel::RmsNorm => Algorithm::OneShot,
+        Kernel::TwoShot | Kernel::InPlace | Kernel::FusedTwoShot => Algorithm::TwoShot,
         Kernel::LowLatency => Algorithm::LowLatency,
     }
 }
@@ -89,6 +94,7 @@ impl Limits {
         match family {
             Family::OneShot => self.one_shot_blocks,
             Family::TwoShot => self.two_shot_blocks,
+            Family::Local => usize::MAX,
         }
     }
 

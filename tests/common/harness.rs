@@ -26,6 +26,8 @@ pub enum Test {
     Cpu(&'static str, fn()),
     /// Device 0 with the kernels loaded; the harness creates the context.
     Gpu(&'static str, fn(Arc<CudaContext>)),
+    /// Like `Gpu`, but the context keeps cudarc's defaults: event tracking stays ON.
+    GpuTracked(&'static str, fn(Arc<CudaContext>)),
     /// A GPU and the kernels, without a CUDA context in this process (the test starts rank
     /// processes that create their own).
     GpuProcesses(&'static str, fn()),
@@ -46,6 +48,15 @@ macro_rules! cpu_test {
 macro_rules! gpu_test {
     ($f:ident) => {
         $crate::common::harness::Test::Gpu(stringify!($f), $f)
+    };
+}
+
+/// A test that needs device 0 with the kernels, on a context with cudarc's event tracking
+/// left on (cudarc's default); the function takes its context.
+#[macro_export]
+macro_rules! gpu_tracked_test {
+    ($f:ident) => {
+        $crate::common::harness::Test::GpuTracked(stringify!($f), $f)
     };
 }
 
@@ -89,6 +100,18 @@ pub fn gpu_context() -> Result<Arc<CudaContext>, String> {
     // SAFETY: tests pass raw pointers to kernels and capture graphs; cudarc's per-slice
     // events are not wanted (and are not capturable across streams).
     unsafe { ctx.disable_event_tracking() };
+    Ok(ctx)
+}
+
+/// Device 0 as cudarc makes it by default (event tracking on), or why there is none.
+pub fn gpu_context_tracked() -> Result<Arc<CudaContext>, String> {
+    if let Some(reason) = gpu_missing() {
+        return Err(reason);
+    }
+    let ctx = symm_allreduce::context(0).map_err(|e| e.to_string())?;
+    if !ctx.is_event_tracking() {
+        return Err("cudarc made a context without event tracking".to_string());
+    }
     Ok(ctx)
 }
 
@@ -146,6 +169,16 @@ fn trial(test: Test, tally: &Arc<Tally>) -> (Trial, bool) {
         ),
         Test::Gpu(name, f) => (
             Trial::ignorable_test(name, move || match gpu_context() {
+                Ok(ctx) => {
+                    f(ctx);
+                    t.ran()
+                }
+                Err(reason) => t.cannot_run(reason),
+            }),
+            true,
+        ),
+        Test::GpuTracked(name, f) => (
+            Trial::ignorable_test(name, move || match gpu_context_tracked() {
                 Ok(ctx) => {
                     f(ctx);
                     t.ran()
