@@ -61,6 +61,34 @@ impl std::str::FromStr for Algorithm {
     }
 }
 
+/// Whether to set up an NVLink multicast object (NVLS) for the multimem kernels
+/// (docs/multicast.md). Whatever this says, multicast stays off when any of
+/// `NCCL_NVLS_ENABLE=0`, `TORCH_SYMM_MEM_DISABLE_MULTICAST=1`, `NVSHMEM_DISABLE_NVLS=1` or
+/// `SYMM_ALLREDUCE_MULTICAST=0` is set on any rank, and no multicast driver call is made when a
+/// device reports `CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 0`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Multicast {
+    /// Never (no multicast driver call at all).
+    #[default]
+    Off,
+    /// Set it up when every rank can; otherwise fall back to the peer kernels together and
+    /// say why in `describe()`.
+    Auto,
+    /// Set it up or fail construction with [`Error::MulticastUnavailable`] naming the reason.
+    Required,
+}
+
+impl Multicast {
+    /// Lower-case name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Multicast::Off => "off",
+            Multicast::Auto => "auto",
+            Multicast::Required => "required",
+        }
+    }
+}
+
 /// Communicator settings. Every rank must use the same values.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -91,6 +119,13 @@ pub struct Config {
     /// (which the communicator must then have). For measuring NCCL behind the same API, and
     /// for testing the fallback where the kernels would run.
     pub peer_kernels: bool,
+    /// NVLink multicast (NVLS) for the multimem kernels: `Off` (default), `Auto` or
+    /// `Required`; vetoed by environment variables whatever it says (see [`Multicast`]).
+    pub multicast: Multicast,
+    /// Bitwise reproducibility (default `true`): results never depend on an unspecified
+    /// summation order, so `Auto` never routes to the multimem kernels (the switch sums in an
+    /// unspecified order: identical on every rank, not bit-identical to the peer kernels).
+    pub reproducible: bool,
 }
 
 impl Default for Config {
@@ -104,6 +139,8 @@ impl Default for Config {
             timeout: Duration::from_secs(10),
             nccl_above_bytes: None,
             peer_kernels: true,
+            multicast: Multicast::Off,
+            reproducible: true,
         }
     }
 }
@@ -131,6 +168,13 @@ impl Config {
                 "timeout must be in (0, 1 h], got {:?}",
                 self.timeout
             )));
+        }
+        if self.multicast == Multicast::Required && !self.peer_kernels {
+            return Err(Error::InvalidConfig(
+                "Config::multicast is Required but Config::peer_kernels is false: the multimem kernels \
+                 run over the symmetric workspace"
+                    .into(),
+            ));
         }
         Ok(())
     }
@@ -172,6 +216,8 @@ impl Config {
             timeout,
             nccl_above_bytes,
             peer_kernels,
+            multicast,
+            reproducible,
         } = self;
         let mut w = Writer::with_capacity(64);
         w.put(capacity_bytes)
@@ -181,7 +227,9 @@ impl Config {
             .put(low_latency_max_bytes)
             .put(&(timeout.as_nanos().min(u64::MAX as u128) as u64))
             .put(nccl_above_bytes)
-            .put(peer_kernels);
+            .put(peer_kernels)
+            .put(&(*multicast as u8))
+            .put(reproducible);
         w.finish()
     }
 }
@@ -254,6 +302,18 @@ mod tests {
             },
             Config {
                 peer_kernels: false,
+                ..base.clone()
+            },
+            Config {
+                multicast: Multicast::Auto,
+                ..base.clone()
+            },
+            Config {
+                multicast: Multicast::Required,
+                ..base.clone()
+            },
+            Config {
+                reproducible: false,
                 ..base.clone()
             },
         ];

@@ -47,6 +47,18 @@ pub enum Error {
         detail: String,
     },
 
+    /// `Config::multicast` is `Required`, but multicast (NVLS) could not be set up: a veto
+    /// variable is set, a device reports no multicast support, the world has one rank, or a
+    /// setup step failed (the reason names which).
+    #[error(
+        "multicast (NVLS) is required by Config::multicast = Required but is unavailable: {reason}; set \
+         Config::multicast to Auto (falls back to the peer kernels) or Off"
+    )]
+    MulticastUnavailable {
+        /// Why (the veto variable, the attribute, or the failed step).
+        reason: String,
+    },
+
     /// The driver loaded but shows no device.
     #[error("no CUDA device is visible (check CUDA_VISIBLE_DEVICES and nvidia-smi)")]
     NoDevice,

@@ -54,7 +54,7 @@ pub use bootstrap::{
     Bootstrap, LocalHub, NcclBootstrap, PeerCheck, PeerCredentials, SocketStore, StoreAddress, StoreOptions,
 };
 pub use communicator::{Communicator, LOG_ENV};
-pub use config::{validate_world, Algorithm, Config};
+pub use config::{validate_world, Algorithm, Config, Multicast};
 pub use driver::probe::{context, device_count};
 pub use dtype::{DType, Element};
 pub use error::{BarrierPhase, Error, Result};

@@ -15,6 +15,7 @@
 //! ...      low-latency slots: [parity 2][source rank W] × ll_slot_bytes of 16-byte lines
 //! ```
 
+pub(crate) mod multicast;
 mod workspace;
 
 pub(crate) use workspace::{allocate, Workspace};
