@@ -21,6 +21,13 @@ pub enum Algorithm {
     /// lines that carry the call's epoch next to each 8 bytes of data, and polls its own
     /// slots until all lines have arrived (`2·W·S` bytes written per rank: small messages).
     LowLatency,
+    /// The NVLS multimem in-place two-shot: the NVSwitch reduces (`multimem.ld_reduce`, fp32
+    /// accumulation) and broadcasts (`multimem.st`). Only for the zero-copy symmetric-buffer
+    /// call, and only when a multicast object was set up (`Config::multicast`); the switch's
+    /// summation order is unspecified (identical on every rank, not bit-identical to the peer
+    /// kernels). As `Config::algorithm` it applies to symmetric calls; buffer calls then
+    /// follow the size rule.
+    Multimem,
     /// `ncclAllReduce` through the communicator's NCCL fallback (only communicators created
     /// with one: [`crate::Communicator::from_nccl`], [`crate::Communicator::with_nccl_fallback`]).
     Nccl,
@@ -34,6 +41,7 @@ impl Algorithm {
             Algorithm::OneShot => "one_shot",
             Algorithm::TwoShot => "two_shot",
             Algorithm::LowLatency => "low_latency",
+            Algorithm::Multimem => "multimem",
             Algorithm::Nccl => "nccl",
         }
     }
@@ -54,8 +62,10 @@ impl std::str::FromStr for Algorithm {
             "two_shot" | "twoshot" => Ok(Algorithm::TwoShot),
             "low_latency" | "ll" => Ok(Algorithm::LowLatency),
             "nccl" => Ok(Algorithm::Nccl),
+            "multimem" | "nvls" => Ok(Algorithm::Multimem),
             _ => Err(format!(
-                "unknown algorithm {s:?}: expected auto, low_latency (ll), one_shot, two_shot or nccl"
+                "unknown algorithm {s:?}: expected auto, low_latency (ll), one_shot, two_shot, multimem (nvls) \
+                 or nccl"
             )),
         }
     }
@@ -330,6 +340,7 @@ mod tests {
             Algorithm::OneShot,
             Algorithm::TwoShot,
             Algorithm::LowLatency,
+            Algorithm::Multimem,
             Algorithm::Nccl,
         ] {
             assert_eq!(a.name().parse::<Algorithm>().unwrap(), a);

@@ -62,6 +62,8 @@ pub use kernels::abi::MAX_RANKS;
 pub use kernels::{embedded_ptx, kernels_available, ptxas_report};
 pub use nccl::{nccl_library, nccl_teardown_failures, NcclLibraryInfo};
 pub use plan::{Limits, PathDecision, Plan};
+#[doc(hidden)]
+pub use symmetric::multicast::{probe_attribute_only as __multicast_probe, VETOES as __MULTICAST_VETOES};
 pub use symmetric::Layout;
 pub use topology::{LinkKind, PeerDecision, PeerLink, RankPlacement, Topology};
 

@@ -20,11 +20,7 @@
 //!
 //! Failure can be injected at any step on any rank ([`FakeMulticast::fail_at`]).
 
-use std::collections::HashMap;
-use std::fs::File;
-use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::sync::{Arc, Mutex};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use cudarc::driver::sys;
 
@@ -45,6 +41,7 @@ pub(crate) enum Granularity {
 
 /// The steps of the multicast lifecycle, in order (also the places a failure can be injected).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) enum Op {
     Supported,
     Granularity,
@@ -61,6 +58,7 @@ pub(crate) enum Op {
 
 impl Op {
     /// Every step, in lifecycle order.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) const ALL: [Op; 11] = [
         Op::Supported,
         Op::Granularity,
@@ -113,7 +111,14 @@ pub(crate) trait MulticastDriver: Send + Sync {
     fn add_device(&self, mc: McHandle, ordinal: usize) -> Result<()>;
     /// Binds `size` bytes at offset 0 of the physical allocation `memory` (of `memory_size`
     /// bytes, on `ordinal`) at offset 0 of the object.
-    fn bind_mem(&self, mc: McHandle, ordinal: usize, memory: u64, memory_size: usize, size: usize) -> Result<()>;
+    fn bind_mem(
+        &self,
+        mc: McHandle,
+        ordinal: usize,
+        memory: u64,
+        memory_size: usize,
+        size: usize,
+    ) -> Result<()>;
     /// Reserves an address range of `size` bytes, maps the object there and gives `ordinal`
     /// read-write access; returns the multicast address. On failure nothing stays mapped.
     fn map(&self, mc: McHandle, ordinal: usize, size: usize) -> Result<u64>;
@@ -143,7 +148,10 @@ fn object_properties(devices: usize, size: usize) -> sys::CUmulticastObjectProp 
 fn device(ordinal: usize) -> Result<sys::CUdevice> {
     let mut dev: sys::CUdevice = 0;
     // SAFETY: valid out-pointer; an invalid ordinal is an error code, not UB.
-    check(unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) }, "cuDeviceGet")?;
+    check(
+        unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) },
+        "cuDeviceGet",
+    )?;
     Ok(dev)
 }
 
@@ -179,7 +187,10 @@ pub(crate) unsafe fn get_granularity(devices: usize, which: Granularity) -> Resu
     };
     let mut g = 0usize;
     // SAFETY: valid out-pointer and property struct.
-    check(unsafe { sys::cuMulticastGetGranularity(&mut g, &prop, flag) }, Op::Granularity.call())?;
+    check(
+        unsafe { sys::cuMulticastGetGranularity(&mut g, &prop, flag) },
+        Op::Granularity.call(),
+    )?;
     Ok(g.max(1))
 }
 
@@ -190,7 +201,10 @@ pub(crate) unsafe fn create(devices: usize, size: usize) -> Result<McHandle> {
     let prop = object_properties(devices, size);
     let mut h: McHandle = 0;
     // SAFETY: valid out-pointer and properties.
-    check(unsafe { sys::cuMulticastCreate(&mut h, &prop) }, Op::Create.call())?;
+    check(
+        unsafe { sys::cuMulticastCreate(&mut h, &prop) },
+        Op::Create.call(),
+    )?;
     Ok(h)
 }
 
@@ -215,7 +229,11 @@ pub(crate) unsafe fn import_fd(fd: BorrowedFd<'_>) -> Result<McHandle> {
         // SAFETY: for POSIX fds the OS handle argument is the descriptor value; it is open for
         // the call.
         unsafe {
-            sys::cuMemImportFromShareableHandle(&mut h, fd.as_raw_fd() as usize as *mut std::ffi::c_void, FD_HANDLE)
+            sys::cuMemImportFromShareableHandle(
+                &mut h,
+                fd.as_raw_fd() as usize as *mut std::ffi::c_void,
+                FD_HANDLE,
+            )
         },
         Op::Import.call(),
     )?;
@@ -227,7 +245,10 @@ pub(crate) unsafe fn import_fd(fd: BorrowedFd<'_>) -> Result<McHandle> {
 pub(crate) unsafe fn add_device(mc: McHandle, ordinal: usize) -> Result<()> {
     let dev = device(ordinal)?;
     // SAFETY: live handle, valid device.
-    check(unsafe { sys::cuMulticastAddDevice(mc, dev) }, Op::AddDevice.call())
+    check(
+        unsafe { sys::cuMulticastAddDevice(mc, dev) },
+        Op::AddDevice.call(),
+    )
 }
 
 /// # Safety
@@ -235,7 +256,10 @@ pub(crate) unsafe fn add_device(mc: McHandle, ordinal: usize) -> Result<()> {
 /// at least `size` bytes on `ordinal`; `size` is a multiple of the minimum granularity.
 pub(crate) unsafe fn bind_mem(mc: McHandle, memory: u64, size: usize) -> Result<()> {
     // SAFETY: per the caller's contract.
-    check(unsafe { sys::cuMulticastBindMem(mc, 0, memory, 0, size, 0) }, Op::Bind.call())
+    check(
+        unsafe { sys::cuMulticastBindMem(mc, 0, memory, 0, size, 0) },
+        Op::Bind.call(),
+    )
 }
 
 /// # Safety
@@ -243,7 +267,10 @@ pub(crate) unsafe fn bind_mem(mc: McHandle, memory: u64, size: usize) -> Result<
 pub(crate) unsafe fn map(mc: McHandle, ordinal: usize, size: usize) -> Result<u64> {
     let mut va: sys::CUdeviceptr = 0;
     // SAFETY: valid out-pointer; alignment 0 is the default.
-    check(unsafe { sys::cuMemAddressReserve(&mut va, size, 0, 0, 0) }, "cuMemAddressReserve(multicast)")?;
+    check(
+        unsafe { sys::cuMemAddressReserve(&mut va, size, 0, 0, 0) },
+        "cuMemAddressReserve(multicast)",
+    )?;
     // SAFETY: the range is ours and unmapped; the handle is live.
     if let Err(e) = check(unsafe { sys::cuMemMap(va, size, 0, mc, 0) }, Op::Map.call()) {
         // SAFETY: the reservation made above, freed once.
@@ -255,7 +282,10 @@ pub(crate) unsafe fn map(mc: McHandle, ordinal: usize, size: usize) -> Result<u6
         flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
     };
     // SAFETY: the range was just mapped; one valid descriptor.
-    if let Err(e) = check(unsafe { sys::cuMemSetAccess(va, size, &desc, 1) }, "cuMemSetAccess(multicast)") {
+    if let Err(e) = check(
+        unsafe { sys::cuMemSetAccess(va, size, &desc, 1) },
+        "cuMemSetAccess(multicast)",
+    ) {
         // SAFETY: undo the mapping and the reservation above, once each.
         unsafe {
             sys::cuMemUnmap(va, size);
@@ -272,7 +302,10 @@ pub(crate) unsafe fn unmap(va: u64, size: usize) -> Result<()> {
     // SAFETY: per the caller's contract.
     let unmapped = check(unsafe { sys::cuMemUnmap(va, size) }, Op::Unmap.call());
     // SAFETY: the reservation of that range, freed once.
-    let freed = check(unsafe { sys::cuMemAddressFree(va, size) }, "cuMemAddressFree(multicast)");
+    let freed = check(
+        unsafe { sys::cuMemAddressFree(va, size) },
+        "cuMemAddressFree(multicast)",
+    );
     unmapped.and(freed)
 }
 
@@ -281,7 +314,10 @@ pub(crate) unsafe fn unmap(va: u64, size: usize) -> Result<()> {
 pub(crate) unsafe fn unbind(mc: McHandle, ordinal: usize, size: usize) -> Result<()> {
     let dev = device(ordinal)?;
     // SAFETY: per the caller's contract.
-    check(unsafe { sys::cuMulticastUnbind(mc, dev, 0, size) }, Op::Unbind.call())
+    check(
+        unsafe { sys::cuMulticastUnbind(mc, dev, 0, size) },
+        Op::Unbind.call(),
+    )
 }
 
 /// # Safety
@@ -320,7 +356,14 @@ impl MulticastDriver for CudaMulticast {
         // SAFETY: live handle; the pipeline votes after every rank's add, before any bind.
         unsafe { add_device(mc, ordinal) }
     }
-    fn bind_mem(&self, mc: McHandle, _ordinal: usize, memory: u64, memory_size: usize, size: usize) -> Result<()> {
+    fn bind_mem(
+        &self,
+        mc: McHandle,
+        _ordinal: usize,
+        memory: u64,
+        memory_size: usize,
+        size: usize,
+    ) -> Result<()> {
         if size > memory_size {
             return Err(Error::InvalidConfig(format!(
                 "multicast bind of {size} bytes over an allocation of {memory_size}"
@@ -347,400 +390,497 @@ impl MulticastDriver for CudaMulticast {
     }
 }
 
-// ---------------------------------------------------------------------------------------
-// The fake: every object is a memfd holding its record, so export/import pass a real
-// descriptor (SCM_RIGHTS works on it) and processes share the object's state.
+/// The real attribute query and nothing else: every other entry point refuses without calling
+/// the driver. For checks on machines that must never create a multicast object (the GPU
+/// test of `tests/multicast.rs`): even where the attribute is 1, this cannot go further.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct AttributeOnly;
 
-/// The record of a fake object, stored at offset 0 of its memfd (little-endian u64s).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Record {
-    magic: u64,
-    size: u64,
-    devices: u64,
-    /// Bitmask of added device ordinals (fake ordinal = rank-chosen, < 64).
-    added: u64,
-    /// Bitmask of ordinals with bound memory.
-    bound: u64,
-    /// Live mappings over all processes.
-    mapped: u64,
-    /// Live handles (create + imports − releases) over all processes.
-    handles: u64,
-}
-
-const MAGIC: u64 = 0x4d43_4641_4b45_0001; // "MCFAKE" v1
-const RECORD_WORDS: usize = 7;
-
-impl Record {
-    fn read(f: &File) -> Result<Record> {
-        let mut buf = [0u8; RECORD_WORDS * 8];
-        let mut f = f;
-        f.seek(SeekFrom::Start(0)).and_then(|_| f.read_exact(&mut buf)).map_err(io_error)?;
-        let w = |i: usize| u64::from_le_bytes(buf[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-        let r = Record {
-            magic: w(0),
-            size: w(1),
-            devices: w(2),
-            added: w(3),
-            bound: w(4),
-            mapped: w(5),
-            handles: w(6),
-        };
-        if r.magic != MAGIC {
-            return Err(Error::InvalidConfig("fake multicast: descriptor is not a fake multicast object".into()));
-        }
-        Ok(r)
-    }
-    fn write(&self, f: &File) -> Result<()> {
-        let mut buf = Vec::with_capacity(RECORD_WORDS * 8);
-        for v in [self.magic, self.size, self.devices, self.added, self.bound, self.mapped, self.handles] {
-            buf.extend_from_slice(&v.to_le_bytes());
-        }
-        let mut f = f;
-        f.seek(SeekFrom::Start(0)).and_then(|_| f.write_all(&buf)).map_err(io_error)
+fn refused(op: Op) -> Error {
+    Error::MulticastUnavailable {
+        reason: format!("{} refused: this is the attribute-only probe", op.call()),
     }
 }
 
-fn io_error(e: std::io::Error) -> Error {
-    Error::InvalidConfig(format!("fake multicast: {e}"))
-}
-
-/// The fake's failure: worded like a driver error, without cudarc's `DriverError` (whose
-/// message asks the driver library for the error string).
-fn fake_error(rank: usize, op: Op, what: &str) -> Error {
-    Error::Unsupported {
-        ordinal: rank,
-        reason: format!("{} failed (fake driver: {what})", op.call()),
+impl MulticastDriver for AttributeOnly {
+    fn supported(&self, ordinal: usize) -> Result<bool> {
+        CudaMulticast.supported(ordinal)
+    }
+    fn granularity(&self, _: usize, _: usize, _: Granularity) -> Result<usize> {
+        Err(refused(Op::Granularity))
+    }
+    fn create(&self, _: usize, _: usize) -> Result<McHandle> {
+        Err(refused(Op::Create))
+    }
+    fn export_fd(&self, _: McHandle) -> Result<OwnedFd> {
+        Err(refused(Op::Export))
+    }
+    fn import_fd(&self, _: BorrowedFd<'_>) -> Result<McHandle> {
+        Err(refused(Op::Import))
+    }
+    fn add_device(&self, _: McHandle, _: usize) -> Result<()> {
+        Err(refused(Op::AddDevice))
+    }
+    fn bind_mem(&self, _: McHandle, _: usize, _: u64, _: usize, _: usize) -> Result<()> {
+        Err(refused(Op::Bind))
+    }
+    fn map(&self, _: McHandle, _: usize, _: usize) -> Result<u64> {
+        Err(refused(Op::Map))
+    }
+    fn unmap(&self, _: u64, _: usize) -> Result<()> {
+        Err(refused(Op::Unmap))
+    }
+    fn unbind(&self, _: McHandle, _: usize, _: usize) -> Result<()> {
+        Err(refused(Op::Unbind))
+    }
+    fn release(&self, _: McHandle) -> Result<()> {
+        Err(refused(Op::Release))
     }
 }
 
-/// This process's side of the fake (shared by the ranks of one process).
-#[derive(Debug, Default)]
-struct Local {
-    /// Live handles of this process: handle → the object's memfd.
-    handles: HashMap<McHandle, File>,
-    /// Live mappings: address → (handle, size, ordinal).
-    mappings: HashMap<u64, (McHandle, usize, usize)>,
-    /// Every call: (rank, step).
-    calls: Vec<(usize, Op)>,
-    /// Broken rules (a correct pipeline leaves this empty).
-    violations: Vec<String>,
-    /// Injected failures: (step, rank).
-    fail: Vec<(Op, usize)>,
-    next_handle: u64,
-    next_va: u64,
-}
+#[cfg(test)]
+pub(crate) use fake::FakeMulticast;
 
-#[derive(Debug)]
-struct Shared {
-    local: Mutex<Local>,
-    supported: bool,
-    min_granularity: usize,
-    recommended_granularity: usize,
-}
+/// The fake (tests only): every object is a memfd holding its record, so export/import pass a
+/// real descriptor (SCM_RIGHTS works on it) and processes share the object's state.
+#[cfg(test)]
+mod fake {
+    use super::*;
+    use std::collections::HashMap;
+    use std::fs::File;
+    use std::io::{Read, Seek, SeekFrom, Write};
+    use std::os::fd::AsFd;
+    use std::sync::{Arc, Mutex};
 
-/// A fake multicast driver. Clone one view per rank with [`FakeMulticast::for_rank`]; all
-/// views (and, through the memfds, other processes' fakes) share the objects' state.
-#[derive(Debug, Clone)]
-pub(crate) struct FakeMulticast {
-    shared: Arc<Shared>,
-    rank: usize,
-}
-
-impl FakeMulticast {
-    /// A fake whose devices report the attribute `supported`, with these granularities.
-    pub(crate) fn new(supported: bool, min_granularity: usize, recommended_granularity: usize) -> Self {
-        FakeMulticast {
-            shared: Arc::new(Shared {
-                local: Mutex::new(Local {
-                    next_handle: 0x1000,
-                    next_va: 0x7f00_0000_0000,
-                    ..Local::default()
-                }),
-                supported,
-                min_granularity,
-                recommended_granularity,
-            }),
-            rank: 0,
-        }
+    /// The record of a fake object, stored at offset 0 of its memfd (little-endian u64s).
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    struct Record {
+        magic: u64,
+        size: u64,
+        devices: u64,
+        /// Bitmask of added device ordinals (fake ordinal = rank-chosen, < 64).
+        added: u64,
+        /// Bitmask of ordinals with bound memory.
+        bound: u64,
+        /// Live mappings over all processes.
+        mapped: u64,
+        /// Live handles (create + imports − releases) over all processes.
+        handles: u64,
     }
 
-    /// The view rank `rank` calls through.
-    pub(crate) fn for_rank(&self, rank: usize) -> Self {
-        FakeMulticast {
-            shared: Arc::clone(&self.shared),
-            rank,
-        }
-    }
+    const MAGIC: u64 = 0x4d43_4641_4b45_0001; // "MCFAKE" v1
+    const RECORD_WORDS: usize = 7;
 
-    /// Makes step `op` fail on rank `rank` (every time it is called there).
-    pub(crate) fn fail_at(&self, op: Op, rank: usize) {
-        self.local().fail.push((op, rank));
-    }
-
-    /// Every call made so far, as (rank, step).
-    pub(crate) fn calls(&self) -> Vec<(usize, Op)> {
-        self.local().calls.clone()
-    }
-
-    /// Rules broken so far.
-    pub(crate) fn violations(&self) -> Vec<String> {
-        self.local().violations.clone()
-    }
-
-    /// What this process still holds: (handles, mappings).
-    pub(crate) fn held(&self) -> (usize, usize) {
-        let l = self.local();
-        (l.handles.len(), l.mappings.len())
-    }
-
-    /// The shared record of an object this process holds a handle to: (added mask, bound
-    /// mask, live mappings, live handles) over every process.
-    pub(crate) fn object_state(&self, mc: McHandle) -> Option<(u64, u64, u64, u64)> {
-        let l = self.local();
-        let f = l.handles.get(&mc)?;
-        Record::read(f).ok().map(|r| (r.added, r.bound, r.mapped, r.handles))
-    }
-
-    fn local(&self) -> std::sync::MutexGuard<'_, Local> {
-        // A panicking test thread poisons the lock; the state is still meaningful.
-        self.shared.local.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Logs the call and applies an injected failure.
-    fn enter(&self, l: &mut Local, op: Op) -> Result<()> {
-        l.calls.push((self.rank, op));
-        if op != Op::Supported && !self.shared.supported {
-            l.violations
-                .push(format!("rank {}: {} called although the attribute is 0", self.rank, op.call()));
-        }
-        if l.fail.contains(&(op, self.rank)) {
-            return Err(fake_error(self.rank, op, "injected failure"));
-        }
-        Ok(())
-    }
-
-    fn violation(&self, l: &mut Local, op: Op, what: String) -> Error {
-        l.violations.push(format!("rank {}: {}: {what}", self.rank, op.call()));
-        fake_error(self.rank, op, &what)
-    }
-
-    fn check_multiple(&self, l: &mut Local, op: Op, size: usize) -> Result<()> {
-        if size == 0 || size % self.shared.min_granularity != 0 {
-            return Err(self.violation(
-                l,
-                op,
-                format!("size {size} is not a multiple of the granularity {}", self.shared.min_granularity),
-            ));
-        }
-        Ok(())
-    }
-
-    /// Runs `f` on the object's record under an exclusive lock of its memfd.
-    fn with_record<T>(
-        &self,
-        l: &mut Local,
-        op: Op,
-        mc: McHandle,
-        f: impl FnOnce(&mut Record) -> std::result::Result<T, String>,
-    ) -> Result<T> {
-        let Some(file) = l.handles.get(&mc) else {
-            return Err(self.violation(l, op, format!("unknown or released handle {mc:#x}")));
-        };
-        let file = file.try_clone().map_err(io_error)?;
-        file.lock().map_err(io_error)?;
-        let outcome = Record::read(&file).and_then(|mut r| match f(&mut r) {
-            Ok(v) => r.write(&file).map(|()| Ok(v)),
-            Err(why) => Ok(Err(why)),
-        });
-        let _ = file.unlock();
-        match outcome? {
-            Ok(v) => Ok(v),
-            Err(why) => Err(self.violation(l, op, why)),
-        }
-    }
-
-    fn new_handle(l: &mut Local, file: File) -> McHandle {
-        l.next_handle += 1;
-        let h = l.next_handle;
-        l.handles.insert(h, file);
-        h
-    }
-}
-
-fn bit(ordinal: usize) -> u64 {
-    1u64 << (ordinal % 64)
-}
-
-impl MulticastDriver for FakeMulticast {
-    fn supported(&self, _ordinal: usize) -> Result<bool> {
-        let mut l = self.local();
-        self.enter(&mut l, Op::Supported)?;
-        Ok(self.shared.supported)
-    }
-
-    fn granularity(&self, _ordinal: usize, _devices: usize, which: Granularity) -> Result<usize> {
-        let mut l = self.local();
-        self.enter(&mut l, Op::Granularity)?;
-        Ok(match which {
-            Granularity::Minimum => self.shared.min_granularity,
-            Granularity::Recommended => self.shared.recommended_granularity,
-        })
-    }
-
-    fn create(&self, devices: usize, size: usize) -> Result<McHandle> {
-        let mut l = self.local();
-        self.enter(&mut l, Op::Create)?;
-        self.check_multiple(&mut l, Op::Create, size)?;
-        let fd = rustix::fs::memfd_create("symm-fake-multicast", rustix::fs::MemfdFlags::CLOEXEC)
-            .map_err(|e| io_error(e.into()))?;
-        let file = File::from(fd);
-        Record {
-            magic: MAGIC,
-            size: size as u64,
-            devices: devices as u64,
-            handles: 1,
-            ..Record::default()
-        }
-        .write(&file)?;
-        Ok(Self::new_handle(&mut l, file))
-    }
-
-    fn export_fd(&self, mc: McHandle) -> Result<OwnedFd> {
-        let mut l = self.local();
-        self.enter(&mut l, Op::Export)?;
-        match l.handles.get(&mc) {
-            Some(f) => f.as_fd().try_clone_to_owned().map_err(io_error),
-            None => Err(self.violation(&mut l, Op::Export, format!("unknown handle {mc:#x}"))),
-        }
-    }
-
-    fn import_fd(&self, fd: BorrowedFd<'_>) -> Result<McHandle> {
-        let mut l = self.local();
-        self.enter(&mut l, Op::Import)?;
-        let file = File::from(fd.try_clone_to_owned().map_err(io_error)?);
-        Record::read(&file)?;
-        let h = Self::new_handle(&mut l, file);
-        self.with_record(&mut l, Op::Import, h, |r| {
-            r.handles += 1;
-            Ok(())
-        })?;
-        Ok(h)
-    }
-
-    fn add_device(&self, mc: McHandle, ordinal: usize) -> Result<()> {
-        let mut l = self.local();
-        self.enter(&mut l, Op::AddDevice)?;
-        self.with_record(&mut l, Op::AddDevice, mc, |r| {
-            if r.bound != 0 {
-                return Err("a device was added after memory was bound".into());
-            }
-            if r.added & bit(ordinal) != 0 {
-                return Err(format!("device {ordinal} added twice"));
-            }
-            if u64::from(r.added.count_ones()) >= r.devices {
-                return Err(format!("more than the {} devices the object was created for", r.devices));
-            }
-            r.added |= bit(ordinal);
-            Ok(())
-        })
-    }
-
-    fn bind_mem(&self, mc: McHandle, ordinal: usize, memory: u64, memory_size: usize, size: usize) -> Result<()> {
-        let mut l = self.local();
-        self.enter(&mut l, Op::Bind)?;
-        self.check_multiple(&mut l, Op::Bind, size)?;
-        if memory == 0 || size > memory_size {
-            return Err(self.violation(
-                &mut l,
-                Op::Bind,
-                format!("bind of {size} bytes over allocation {memory:#x} of {memory_size}"),
-            ));
-        }
-        self.with_record(&mut l, Op::Bind, mc, |r| {
-            if u64::from(r.added.count_ones()) != r.devices {
-                return Err(format!(
-                    "bind before every device was added ({} of {}): the real driver would block",
-                    r.added.count_ones(),
-                    r.devices
+    impl Record {
+        fn read(f: &File) -> Result<Record> {
+            let mut buf = [0u8; RECORD_WORDS * 8];
+            let mut f = f;
+            f.seek(SeekFrom::Start(0))
+                .and_then(|_| f.read_exact(&mut buf))
+                .map_err(io_error)?;
+            let w = |i: usize| u64::from_le_bytes(buf[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+            let r = Record {
+                magic: w(0),
+                size: w(1),
+                devices: w(2),
+                added: w(3),
+                bound: w(4),
+                mapped: w(5),
+                handles: w(6),
+            };
+            if r.magic != MAGIC {
+                return Err(Error::InvalidConfig(
+                    "fake multicast: descriptor is not a fake multicast object".into(),
                 ));
             }
-            if r.added & bit(ordinal) == 0 || r.bound & bit(ordinal) != 0 {
-                return Err(format!("device {ordinal} not added, or bound twice"));
+            Ok(r)
+        }
+        fn write(&self, f: &File) -> Result<()> {
+            let mut buf = Vec::with_capacity(RECORD_WORDS * 8);
+            for v in [
+                self.magic,
+                self.size,
+                self.devices,
+                self.added,
+                self.bound,
+                self.mapped,
+                self.handles,
+            ] {
+                buf.extend_from_slice(&v.to_le_bytes());
             }
-            if size as u64 > r.size {
-                return Err(format!("bind of {size} bytes into an object of {}", r.size));
-            }
-            r.bound |= bit(ordinal);
-            Ok(())
-        })
+            let mut f = f;
+            f.seek(SeekFrom::Start(0))
+                .and_then(|_| f.write_all(&buf))
+                .map_err(io_error)
+        }
     }
 
-    fn map(&self, mc: McHandle, ordinal: usize, size: usize) -> Result<u64> {
-        let mut l = self.local();
-        self.enter(&mut l, Op::Map)?;
-        self.check_multiple(&mut l, Op::Map, size)?;
-        self.with_record(&mut l, Op::Map, mc, |r| {
-            if r.bound & bit(ordinal) == 0 {
-                return Err(format!("device {ordinal} maps before binding its memory"));
-            }
-            r.mapped += 1;
-            Ok(())
-        })?;
-        l.next_va += 1 << 32;
-        let va = l.next_va;
-        l.mappings.insert(va, (mc, size, ordinal));
-        Ok(va)
+    fn io_error(e: std::io::Error) -> Error {
+        Error::InvalidConfig(format!("fake multicast: {e}"))
     }
 
-    fn unmap(&self, va: u64, size: usize) -> Result<()> {
-        let mut l = self.local();
-        self.enter(&mut l, Op::Unmap)?;
-        match l.mappings.remove(&va) {
-            Some((mc, mapped, _)) if mapped == size => self.with_record(&mut l, Op::Unmap, mc, |r| {
-                r.mapped -= 1;
+    /// The fake's failure: worded like a driver error, without cudarc's `DriverError` (whose
+    /// message asks the driver library for the error string).
+    fn fake_error(rank: usize, op: Op, what: &str) -> Error {
+        Error::Unsupported {
+            ordinal: rank,
+            reason: format!("{} failed (fake driver: {what})", op.call()),
+        }
+    }
+
+    /// This process's side of the fake (shared by the ranks of one process).
+    #[derive(Debug, Default)]
+    struct Local {
+        /// Live handles of this process: handle → the object's memfd.
+        handles: HashMap<McHandle, File>,
+        /// Live mappings: address → (handle, size, ordinal).
+        mappings: HashMap<u64, (McHandle, usize, usize)>,
+        /// Every call: (rank, step).
+        calls: Vec<(usize, Op)>,
+        /// Broken rules (a correct pipeline leaves this empty).
+        violations: Vec<String>,
+        /// Injected failures: (step, rank).
+        fail: Vec<(Op, usize)>,
+        next_handle: u64,
+        next_va: u64,
+    }
+
+    #[derive(Debug)]
+    struct Shared {
+        local: Mutex<Local>,
+        supported: bool,
+        min_granularity: usize,
+        recommended_granularity: usize,
+    }
+
+    /// A fake multicast driver. Clone one view per rank with [`FakeMulticast::for_rank`]; all
+    /// views (and, through the memfds, other processes' fakes) share the objects' state.
+    #[derive(Debug, Clone)]
+    pub(crate) struct FakeMulticast {
+        shared: Arc<Shared>,
+        rank: usize,
+    }
+
+    impl FakeMulticast {
+        /// A fake whose devices report the attribute `supported`, with these granularities.
+        pub(crate) fn new(supported: bool, min_granularity: usize, recommended_granularity: usize) -> Self {
+            FakeMulticast {
+                shared: Arc::new(Shared {
+                    local: Mutex::new(Local {
+                        next_handle: 0x1000,
+                        next_va: 0x7f00_0000_0000,
+                        ..Local::default()
+                    }),
+                    supported,
+                    min_granularity,
+                    recommended_granularity,
+                }),
+                rank: 0,
+            }
+        }
+
+        /// The view rank `rank` calls through.
+        pub(crate) fn for_rank(&self, rank: usize) -> Self {
+            FakeMulticast {
+                shared: Arc::clone(&self.shared),
+                rank,
+            }
+        }
+
+        /// Makes step `op` fail on rank `rank` (every time it is called there).
+        pub(crate) fn fail_at(&self, op: Op, rank: usize) {
+            self.local().fail.push((op, rank));
+        }
+
+        /// Every call made so far, as (rank, step).
+        pub(crate) fn calls(&self) -> Vec<(usize, Op)> {
+            self.local().calls.clone()
+        }
+
+        /// Rules broken so far.
+        pub(crate) fn violations(&self) -> Vec<String> {
+            self.local().violations.clone()
+        }
+
+        /// What this process still holds: (handles, mappings).
+        pub(crate) fn held(&self) -> (usize, usize) {
+            let l = self.local();
+            (l.handles.len(), l.mappings.len())
+        }
+
+        /// The shared record of an object this process holds a handle to: (added mask, bound
+        /// mask, live mappings, live handles) over every process.
+        pub(crate) fn object_state(&self, mc: McHandle) -> Option<(u64, u64, u64, u64)> {
+            let l = self.local();
+            let f = l.handles.get(&mc)?;
+            Record::read(f)
+                .ok()
+                .map(|r| (r.added, r.bound, r.mapped, r.handles))
+        }
+
+        fn local(&self) -> std::sync::MutexGuard<'_, Local> {
+            // A panicking test thread poisons the lock; the state is still meaningful.
+            self.shared.local.lock().unwrap_or_else(|p| p.into_inner())
+        }
+
+        /// Logs the call and applies an injected failure.
+        fn enter(&self, l: &mut Local, op: Op) -> Result<()> {
+            l.calls.push((self.rank, op));
+            if op != Op::Supported && !self.shared.supported {
+                l.violations.push(format!(
+                    "rank {}: {} called although the attribute is 0",
+                    self.rank,
+                    op.call()
+                ));
+            }
+            if l.fail.contains(&(op, self.rank)) {
+                return Err(fake_error(self.rank, op, "injected failure"));
+            }
+            Ok(())
+        }
+
+        fn violation(&self, l: &mut Local, op: Op, what: String) -> Error {
+            l.violations
+                .push(format!("rank {}: {}: {what}", self.rank, op.call()));
+            fake_error(self.rank, op, &what)
+        }
+
+        fn check_multiple(&self, l: &mut Local, op: Op, size: usize) -> Result<()> {
+            if size == 0 || size % self.shared.min_granularity != 0 {
+                return Err(self.violation(
+                    l,
+                    op,
+                    format!(
+                        "size {size} is not a multiple of the granularity {}",
+                        self.shared.min_granularity
+                    ),
+                ));
+            }
+            Ok(())
+        }
+
+        /// Runs `f` on the object's record under an exclusive lock of its memfd.
+        fn with_record<T>(
+            &self,
+            l: &mut Local,
+            op: Op,
+            mc: McHandle,
+            f: impl FnOnce(&mut Record) -> std::result::Result<T, String>,
+        ) -> Result<T> {
+            let Some(file) = l.handles.get(&mc) else {
+                return Err(self.violation(l, op, format!("unknown or released handle {mc:#x}")));
+            };
+            let file = file.try_clone().map_err(io_error)?;
+            file.lock().map_err(io_error)?;
+            let outcome = Record::read(&file).and_then(|mut r| match f(&mut r) {
+                Ok(v) => r.write(&file).map(|()| Ok(v)),
+                Err(why) => Ok(Err(why)),
+            });
+            let _ = file.unlock();
+            match outcome? {
+                Ok(v) => Ok(v),
+                Err(why) => Err(self.violation(l, op, why)),
+            }
+        }
+
+        fn new_handle(l: &mut Local, file: File) -> McHandle {
+            l.next_handle += 1;
+            let h = l.next_handle;
+            l.handles.insert(h, file);
+            h
+        }
+    }
+
+    fn bit(ordinal: usize) -> u64 {
+        1u64 << (ordinal % 64)
+    }
+
+    impl MulticastDriver for FakeMulticast {
+        fn supported(&self, _ordinal: usize) -> Result<bool> {
+            let mut l = self.local();
+            self.enter(&mut l, Op::Supported)?;
+            Ok(self.shared.supported)
+        }
+
+        fn granularity(&self, _ordinal: usize, _devices: usize, which: Granularity) -> Result<usize> {
+            let mut l = self.local();
+            self.enter(&mut l, Op::Granularity)?;
+            Ok(match which {
+                Granularity::Minimum => self.shared.min_granularity,
+                Granularity::Recommended => self.shared.recommended_granularity,
+            })
+        }
+
+        fn create(&self, devices: usize, size: usize) -> Result<McHandle> {
+            let mut l = self.local();
+            self.enter(&mut l, Op::Create)?;
+            self.check_multiple(&mut l, Op::Create, size)?;
+            let fd = rustix::fs::memfd_create("symm-fake-multicast", rustix::fs::MemfdFlags::CLOEXEC)
+                .map_err(|e| io_error(e.into()))?;
+            let file = File::from(fd);
+            Record {
+                magic: MAGIC,
+                size: size as u64,
+                devices: devices as u64,
+                handles: 1,
+                ..Record::default()
+            }
+            .write(&file)?;
+            Ok(Self::new_handle(&mut l, file))
+        }
+
+        fn export_fd(&self, mc: McHandle) -> Result<OwnedFd> {
+            let mut l = self.local();
+            self.enter(&mut l, Op::Export)?;
+            match l.handles.get(&mc) {
+                Some(f) => f.as_fd().try_clone_to_owned().map_err(io_error),
+                None => Err(self.violation(&mut l, Op::Export, format!("unknown handle {mc:#x}"))),
+            }
+        }
+
+        fn import_fd(&self, fd: BorrowedFd<'_>) -> Result<McHandle> {
+            let mut l = self.local();
+            self.enter(&mut l, Op::Import)?;
+            let file = File::from(fd.try_clone_to_owned().map_err(io_error)?);
+            Record::read(&file)?;
+            let h = Self::new_handle(&mut l, file);
+            self.with_record(&mut l, Op::Import, h, |r| {
+                r.handles += 1;
                 Ok(())
-            }),
-            other => Err(self.violation(
-                &mut l,
-                Op::Unmap,
-                format!("unmap of {va:#x}+{size}, which is not a mapping ({other:?})"),
-            )),
+            })?;
+            Ok(h)
         }
-    }
 
-    fn unbind(&self, mc: McHandle, ordinal: usize, _size: usize) -> Result<()> {
-        let mut l = self.local();
-        self.enter(&mut l, Op::Unbind)?;
-        if l.mappings.values().any(|(h, _, o)| *h == mc && *o == ordinal) {
-            return Err(self.violation(&mut l, Op::Unbind, "unbind while the object is still mapped".into()));
+        fn add_device(&self, mc: McHandle, ordinal: usize) -> Result<()> {
+            let mut l = self.local();
+            self.enter(&mut l, Op::AddDevice)?;
+            self.with_record(&mut l, Op::AddDevice, mc, |r| {
+                if r.bound != 0 {
+                    return Err("a device was added after memory was bound".into());
+                }
+                if r.added & bit(ordinal) != 0 {
+                    return Err(format!("device {ordinal} added twice"));
+                }
+                if u64::from(r.added.count_ones()) >= r.devices {
+                    return Err(format!(
+                        "more than the {} devices the object was created for",
+                        r.devices
+                    ));
+                }
+                r.added |= bit(ordinal);
+                Ok(())
+            })
         }
-        self.with_record(&mut l, Op::Unbind, mc, |r| {
-            if r.bound & bit(ordinal) == 0 {
-                return Err(format!("device {ordinal} unbinds memory it never bound"));
+
+        fn bind_mem(
+            &self,
+            mc: McHandle,
+            ordinal: usize,
+            memory: u64,
+            memory_size: usize,
+            size: usize,
+        ) -> Result<()> {
+            let mut l = self.local();
+            self.enter(&mut l, Op::Bind)?;
+            self.check_multiple(&mut l, Op::Bind, size)?;
+            if memory == 0 || size > memory_size {
+                return Err(self.violation(
+                    &mut l,
+                    Op::Bind,
+                    format!("bind of {size} bytes over allocation {memory:#x} of {memory_size}"),
+                ));
             }
-            r.bound &= !bit(ordinal);
-            Ok(())
-        })
-    }
-
-    fn release(&self, mc: McHandle) -> Result<()> {
-        let mut l = self.local();
-        self.enter(&mut l, Op::Release)?;
-        if l.mappings.values().any(|(h, _, _)| *h == mc) {
-            return Err(self.violation(&mut l, Op::Release, "release while still mapped".into()));
+            self.with_record(&mut l, Op::Bind, mc, |r| {
+                if u64::from(r.added.count_ones()) != r.devices {
+                    return Err(format!(
+                        "bind before every device was added ({} of {}): the real driver would block",
+                        r.added.count_ones(),
+                        r.devices
+                    ));
+                }
+                if r.added & bit(ordinal) == 0 || r.bound & bit(ordinal) != 0 {
+                    return Err(format!("device {ordinal} not added, or bound twice"));
+                }
+                if size as u64 > r.size {
+                    return Err(format!("bind of {size} bytes into an object of {}", r.size));
+                }
+                r.bound |= bit(ordinal);
+                Ok(())
+            })
         }
-        self.with_record(&mut l, Op::Release, mc, |r| {
-            r.handles -= 1;
+
+        fn map(&self, mc: McHandle, ordinal: usize, size: usize) -> Result<u64> {
+            let mut l = self.local();
+            self.enter(&mut l, Op::Map)?;
+            self.check_multiple(&mut l, Op::Map, size)?;
+            self.with_record(&mut l, Op::Map, mc, |r| {
+                if r.bound & bit(ordinal) == 0 {
+                    return Err(format!("device {ordinal} maps before binding its memory"));
+                }
+                r.mapped += 1;
+                Ok(())
+            })?;
+            l.next_va += 1 << 32;
+            let va = l.next_va;
+            l.mappings.insert(va, (mc, size, ordinal));
+            Ok(va)
+        }
+
+        fn unmap(&self, va: u64, size: usize) -> Result<()> {
+            let mut l = self.local();
+            self.enter(&mut l, Op::Unmap)?;
+            match l.mappings.remove(&va) {
+                Some((mc, mapped, _)) if mapped == size => self.with_record(&mut l, Op::Unmap, mc, |r| {
+                    r.mapped -= 1;
+                    Ok(())
+                }),
+                other => Err(self.violation(
+                    &mut l,
+                    Op::Unmap,
+                    format!("unmap of {va:#x}+{size}, which is not a mapping ({other:?})"),
+                )),
+            }
+        }
+
+        fn unbind(&self, mc: McHandle, ordinal: usize, _size: usize) -> Result<()> {
+            let mut l = self.local();
+            self.enter(&mut l, Op::Unbind)?;
+            if l.mappings.values().any(|(h, _, o)| *h == mc && *o == ordinal) {
+                return Err(self.violation(
+                    &mut l,
+                    Op::Unbind,
+                    "unbind while the object is still mapped".into(),
+                ));
+            }
+            self.with_record(&mut l, Op::Unbind, mc, |r| {
+                if r.bound & bit(ordinal) == 0 {
+                    return Err(format!("device {ordinal} unbinds memory it never bound"));
+                }
+                r.bound &= !bit(ordinal);
+                Ok(())
+            })
+        }
+
+        fn release(&self, mc: McHandle) -> Result<()> {
+            let mut l = self.local();
+            self.enter(&mut l, Op::Release)?;
+            if l.mappings.values().any(|(h, _, _)| *h == mc) {
+                return Err(self.violation(&mut l, Op::Release, "release while still mapped".into()));
+            }
+            self.with_record(&mut l, Op::Release, mc, |r| {
+                r.handles -= 1;
+                Ok(())
+            })?;
+            l.handles.remove(&mc);
             Ok(())
-        })?;
-        l.handles.remove(&mc);
-        Ok(())
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsFd;
 
     #[test]
     fn the_fake_enforces_the_order() {
@@ -753,7 +893,10 @@ mod tests {
         let mc1 = r1.import_fd(fd.as_fd()).unwrap();
         drop(fd);
         r0.add_device(mc, 0).unwrap();
-        assert!(r0.bind_mem(mc, 0, 1, 8192, 8192).is_err(), "bind before every add");
+        assert!(
+            r0.bind_mem(mc, 0, 1, 8192, 8192).is_err(),
+            "bind before every add"
+        );
         assert!(r0.map(mc, 0, 8192).is_err(), "map before bind");
         r1.add_device(mc1, 1).unwrap();
         r0.bind_mem(mc, 0, 1, 8192, 8192).unwrap();

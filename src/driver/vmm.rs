@@ -80,6 +80,11 @@ impl Allocation {
         Ok(Allocation { handle, size })
     }
 
+    /// The driver handle (for binding to a multicast object).
+    pub(crate) fn handle(&self) -> u64 {
+        self.handle
+    }
+
     pub(crate) fn size(&self) -> usize {
         self.size
     }

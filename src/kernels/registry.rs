@@ -22,6 +22,9 @@ pub(crate) enum Kernel {
     TwoShot,
     InPlace,
     LowLatency,
+    /// The in-place two-shot body over the multimem (NVLS) policy: sm_90+, needs a multicast
+    /// object bound to every rank's allocation (kernels/multimem.cu).
+    InPlaceMultimem,
 }
 
 /// One registry row.
@@ -36,7 +39,7 @@ pub(crate) struct KernelSpec {
 }
 
 /// Every kernel, in table order.
-pub(crate) const KERNELS: [KernelSpec; 4] = [
+pub(crate) const KERNELS: [KernelSpec; 5] = [
     KernelSpec {
         kernel: Kernel::OneShot,
         prefix: "one_shot",
@@ -61,6 +64,12 @@ pub(crate) const KERNELS: [KernelSpec; 4] = [
         min_arch: 80,
         family: Family::OneShot,
     },
+    KernelSpec {
+        kernel: Kernel::InPlaceMultimem,
+        prefix: "in_place_mm",
+        min_arch: 90,
+        family: Family::TwoShot,
+    },
 ];
 
 /// The body-less kernel with the common signature (the benchmark's launch floor).
@@ -74,6 +83,7 @@ impl Kernel {
             Kernel::TwoShot => 1,
             Kernel::InPlace => 2,
             Kernel::LowLatency => 3,
+            Kernel::InPlaceMultimem => 4,
         }
     }
 

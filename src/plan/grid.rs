@@ -11,7 +11,8 @@ use crate::kernels::registry::Kernel;
 /// one-shot up to the crossover, two-shot above; one rank always one-shot).
 pub(crate) fn choose(bytes: usize, world: usize, config: &Config, requested: Algorithm) -> Algorithm {
     match (requested, config.algorithm) {
-        (Algorithm::Auto, Algorithm::Auto) => {
+        // A configured Multimem applies to symmetric calls only; buffer calls size-rule.
+        (Algorithm::Auto, Algorithm::Auto | Algorithm::Multimem) => {
             if bytes <= config.low_latency_limit() {
                 Algorithm::LowLatency
             } else if world == 1 || bytes <= config.one_shot_limit(world) {
@@ -31,7 +32,7 @@ pub(crate) fn choose(bytes: usize, world: usize, config: &Config, requested: Alg
 pub(crate) fn grid(kernel: Kernel, len: usize, dtype: DType, world: usize, limits: Limits) -> Plan {
     let packs = len / dtype.per_pack();
     let work = match kernel {
-        Kernel::TwoShot | Kernel::InPlace => packs.div_ceil(world),
+        Kernel::TwoShot | Kernel::InPlace | Kernel::InPlaceMultimem => packs.div_ceil(world),
         Kernel::LowLatency => (len * dtype.size()).div_ceil(8),
         Kernel::OneShot => packs,
     };

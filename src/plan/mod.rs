@@ -25,6 +25,7 @@ pub(crate) const fn algorithm_of(kernel: Kernel) -> Algorithm {
         Kernel::OneShot => Algorithm::OneShot,
         Kernel::TwoShot | Kernel::InPlace => Algorithm::TwoShot,
         Kernel::LowLatency => Algorithm::LowLatency,
+        Kernel::InPlaceMultimem => Algorithm::Multimem,
     }
 }
 
@@ -34,7 +35,7 @@ pub(crate) const fn kernel_for(algorithm: Algorithm) -> Option<Kernel> {
         Algorithm::OneShot => Some(Kernel::OneShot),
         Algorithm::TwoShot => Some(Kernel::TwoShot),
         Algorithm::LowLatency => Some(Kernel::LowLatency),
-        Algorithm::Auto | Algorithm::Nccl => None,
+        Algorithm::Auto | Algorithm::Nccl | Algorithm::Multimem => None,
     }
 }
 

@@ -50,7 +50,7 @@ const _: () = assert!(MC_EXPECTED_OFFSET + MC_PHASES * MAX_BLOCKS * 8 <= DATA_OF
 
 /// Environment variables that turn multicast off whatever the configuration says, and the
 /// values that do (compared case-insensitively).
-pub(crate) const VETOES: [(&str, &[&str]); 4] = [
+pub const VETOES: [(&str, &[&str]); 4] = [
     ("NCCL_NVLS_ENABLE", &["0", "false", "no", "off"]),
     ("TORCH_SYMM_MEM_DISABLE_MULTICAST", &["1", "true", "yes", "on"]),
     ("NVSHMEM_DISABLE_NVLS", &["1", "true", "yes", "on"]),
@@ -157,14 +157,6 @@ pub(crate) enum Outcome {
     Off(String),
 }
 
-impl Outcome {
-    pub(crate) fn reason(&self) -> Option<&str> {
-        match self {
-            Outcome::On(_) => None,
-            Outcome::Off(why) => Some(why),
-        }
-    }
-}
 
 /// Minimum and recommended granularity, as exchanged.
 struct Granularities(usize, usize);
@@ -242,14 +234,15 @@ pub(crate) fn establish(
             Err(e) => Err(e.to_string()),
         },
     };
-    let step = |name: &'static str, r: std::result::Result<(), String>| -> Result<std::result::Result<(), String>> {
-        let outcome = r.map_err(|reason| Error::PeerSetupFailed {
-            step: name,
-            rank: Some(rank),
-            reason,
-        });
-        Ok(vote_soft(bootstrap, name, outcome)?.map_err(|e| strip(&e, rank)))
-    };
+    let step =
+        |name: &'static str, r: std::result::Result<(), String>| -> Result<std::result::Result<(), String>> {
+            let outcome = r.map_err(|reason| Error::PeerSetupFailed {
+                step: name,
+                rank: Some(rank),
+                reason,
+            });
+            Ok(vote_soft(bootstrap, name, outcome)?.map_err(|e| strip(&e, rank)))
+        };
     if let Err(why) = step("multicast eligibility", eligible)? {
         return off(why);
     }
@@ -265,7 +258,12 @@ pub(crate) fn establish(
     // 2. Granularity, agreed; the bound size rounded up to the largest minimum.
     let own = driver
         .granularity(ordinal, world, Granularity::Minimum)
-        .and_then(|min| Ok(Granularities(min, driver.granularity(ordinal, world, Granularity::Recommended)?)));
+        .and_then(|min| {
+            Ok(Granularities(
+                min,
+                driver.granularity(ordinal, world, Granularity::Recommended)?,
+            ))
+        });
     let (own, local) = match own {
         Ok(g) => (g, Ok(())),
         Err(e) => (Granularities(1, 1), Err(e.to_string())),
@@ -330,7 +328,9 @@ pub(crate) fn establish(
     if let Err(why) = step("multicast import", imported)? {
         return off(why);
     }
-    let mc = partial.mc.ok_or_else(|| Error::malformed("multicast setup order"))?;
+    let mc = partial
+        .mc
+        .ok_or_else(|| Error::malformed("multicast setup order"))?;
 
     // 5. Every device added before any bind.
     let added = driver.add_device(mc, ordinal).map_err(|e| e.to_string());
@@ -355,7 +355,10 @@ pub(crate) fn establish(
     if let Err(why) = step("multicast map", mapped)? {
         return off(why);
     }
-    let (va, _) = partial.mapped.take().ok_or_else(|| Error::malformed("multicast setup order"))?;
+    let (va, _) = partial
+        .mapped
+        .take()
+        .ok_or_else(|| Error::malformed("multicast setup order"))?;
     partial.bound = None;
     partial.mc = None;
     drop(partial);
@@ -375,7 +378,9 @@ pub(crate) fn establish(
 fn strip(e: &Error, rank: usize) -> String {
     match e {
         Error::PeerSetupFailed {
-            rank: Some(r), reason, ..
+            rank: Some(r),
+            reason,
+            ..
         } if *r != rank => reason.clone(),
         other => other.to_string(),
     }
@@ -386,6 +391,55 @@ fn placeholder_fd() -> Result<OwnedFd> {
     std::fs::File::open("/dev/null")
         .map(OwnedFd::from)
         .map_err(|e| Error::InvalidConfig(format!("open /dev/null: {e}")))
+}
+
+/// The multicast check for machines that must never create a multicast object: the real
+/// attribute query of `ordinal` and then the eligibility step of the pipeline over an
+/// in-process group of `world` ranks on that device, with a driver that refuses every call
+/// but the attribute query (so it cannot create anything even where the attribute is 1).
+/// Ignores the veto variables (it cannot go past the query). Returns `(attribute, the
+/// sentence describe() prints after "multicast (NVLS): ")`. The driver must be initialised
+/// (a context exists).
+#[doc(hidden)]
+pub fn probe_attribute_only(ordinal: usize, world: usize) -> Result<(bool, String)> {
+    use crate::driver::multicast::AttributeOnly;
+    let attribute = AttributeOnly.supported(ordinal)?;
+    let hub = crate::bootstrap::LocalHub::new(world, std::time::Duration::from_secs(30));
+    let outcomes: Vec<Result<Outcome>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..world)
+            .map(|rank| {
+                let hub = hub.rank(rank);
+                s.spawn(move || {
+                    let request = Request {
+                        mode: Multicast::Auto,
+                        ordinal,
+                        memory: 0,
+                        memory_size: 0,
+                        needed: 0,
+                    };
+                    establish(&hub, Arc::new(AttributeOnly), request, None)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(Error::MulticastUnavailable {
+                        reason: "a probe thread panicked".into(),
+                    })
+                })
+            })
+            .collect()
+    });
+    let mut sentence = String::new();
+    for o in outcomes {
+        sentence = match o? {
+            Outcome::On(_) => "on".into(),
+            Outcome::Off(why) => format!("off ({why})"),
+        };
+    }
+    Ok((attribute, sentence))
 }
 
 #[cfg(test)]

@@ -52,12 +52,19 @@ fn group(
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("rank thread")).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
     })
 }
 
 fn assert_clean(fake: &FakeMulticast) {
-    assert!(fake.violations().is_empty(), "rules broken: {:?}", fake.violations());
+    assert!(
+        fake.violations().is_empty(),
+        "rules broken: {:?}",
+        fake.violations()
+    );
     assert_eq!(fake.held(), (0, 0), "handles or mappings leaked");
 }
 
@@ -68,11 +75,15 @@ fn vetoes_are_read_from_the_environment_values() {
     };
     assert_eq!(veto(env(&[])), None);
     assert_eq!(veto(env(&[("NCCL_NVLS_ENABLE", "1")])), None);
-    assert!(veto(env(&[("NCCL_NVLS_ENABLE", "0")])).unwrap().contains("NCCL_NVLS_ENABLE=0"));
+    assert!(veto(env(&[("NCCL_NVLS_ENABLE", "0")]))
+        .unwrap()
+        .contains("NCCL_NVLS_ENABLE=0"));
     assert!(veto(env(&[("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")])).is_some());
     assert!(veto(env(&[("TORCH_SYMM_MEM_DISABLE_MULTICAST", "0")])).is_none());
     assert!(veto(env(&[("NVSHMEM_DISABLE_NVLS", "true")])).is_some());
-    assert!(veto(env(&[("SYMM_ALLREDUCE_MULTICAST", "off")])).unwrap().contains("SYMM_ALLREDUCE_MULTICAST"));
+    assert!(veto(env(&[("SYMM_ALLREDUCE_MULTICAST", "off")]))
+        .unwrap()
+        .contains("SYMM_ALLREDUCE_MULTICAST"));
     assert!(veto(env(&[("SYMM_ALLREDUCE_MULTICAST", "1")])).is_none());
 }
 
@@ -88,7 +99,14 @@ fn the_full_lifecycle_in_a_local_group() {
         let count = |op| calls.iter().filter(|(_, o)| *o == op).count();
         assert_eq!(count(Op::Create), 1);
         assert_eq!(count(Op::Import), world - 1);
-        for op in [Op::AddDevice, Op::Bind, Op::Map, Op::Unmap, Op::Unbind, Op::Release] {
+        for op in [
+            Op::AddDevice,
+            Op::Bind,
+            Op::Map,
+            Op::Unmap,
+            Op::Unbind,
+            Op::Release,
+        ] {
             assert_eq!(count(op), world, "{op:?}, world {world}");
         }
         // Every add precedes every bind (the vote between them).
@@ -132,7 +150,10 @@ fn a_failure_at_any_step_on_any_rank_turns_multicast_off_everywhere() {
                     assert_clean(&fake);
                     let what = format!("{op:?} on rank {bad} of {world}, {mode:?}");
                     if !called {
-                        assert!(results.iter().all(|r| matches!(r, Ok(None))), "{what}: {results:?}");
+                        assert!(
+                            results.iter().all(|r| matches!(r, Ok(None))),
+                            "{what}: {results:?}"
+                        );
                         continue;
                     }
                     let reasons: Vec<String> = results
@@ -148,7 +169,10 @@ fn a_failure_at_any_step_on_any_rank_turns_multicast_off_everywhere() {
                         assert!(why.contains(&format!("rank {bad}")), "{what}: {why}");
                         assert!(why.contains(op.call()), "{what}: {why}");
                     }
-                    assert!(reasons.iter().all(|r| r == &reasons[0]), "{what}: ranks disagree: {reasons:?}");
+                    assert!(
+                        reasons.iter().all(|r| r == &reasons[0]),
+                        "{what}: ranks disagree: {reasons:?}"
+                    );
                     // Nothing after the failed step was called anywhere.
                     let later = Op::ALL.iter().position(|o| *o == op).unwrap();
                     for (rank, o) in fake.calls() {
@@ -177,7 +201,10 @@ fn a_veto_or_attribute_zero_means_no_multicast_call() {
         }
         assert!(fake.calls().is_empty(), "{name}: {:?}", fake.calls());
         let auto = group(&fake, 2, Multicast::Auto, Some(&why), true);
-        assert!(auto.iter().all(|r| matches!(r, Ok(Some(w)) if w.contains(name))), "{auto:?}");
+        assert!(
+            auto.iter().all(|r| matches!(r, Ok(Some(w)) if w.contains(name))),
+            "{auto:?}"
+        );
         assert!(fake.calls().is_empty());
     }
     // Attribute 0: the query, then nothing (the fake records any other call as a violation).
@@ -185,7 +212,10 @@ fn a_veto_or_attribute_zero_means_no_multicast_call() {
     for r in group(&fake, 4, Multicast::Required, None, true) {
         match r {
             Err(Error::MulticastUnavailable { reason }) => {
-                assert!(reason.contains("CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 0"), "{reason}")
+                assert!(
+                    reason.contains("CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 0"),
+                    "{reason}"
+                )
             }
             other => panic!("{other:?}"),
         }
@@ -196,7 +226,9 @@ fn a_veto_or_attribute_zero_means_no_multicast_call() {
     // Off: nothing at all; one rank: nothing either.
     let fake = FakeMulticast::new(true, G, G);
     assert!(matches!(&group(&fake, 2, Multicast::Off, None, true)[0], Ok(Some(w)) if w.contains("Off")));
-    assert!(matches!(&group(&fake, 1, Multicast::Auto, None, true)[0], Ok(Some(w)) if w.contains("one rank")));
+    assert!(
+        matches!(&group(&fake, 1, Multicast::Auto, None, true)[0], Ok(Some(w)) if w.contains("one rank"))
+    );
     assert!(fake.calls().is_empty());
 }
 
@@ -226,8 +258,13 @@ fn child(spec: &str) -> std::result::Result<String, String> {
     };
     let (rank, world): (usize, usize) = (rank.parse().unwrap(), world.parse().unwrap());
     let fds_before = open_fds();
-    let store = SocketStore::new(&StoreAddress::parse(address), rank, world, Duration::from_secs(30))
-        .map_err(|e| e.to_string())?;
+    let store = SocketStore::new(
+        &StoreAddress::parse(address),
+        rank,
+        world,
+        Duration::from_secs(30),
+    )
+    .map_err(|e| e.to_string())?;
     let fake = FakeMulticast::new(true, G, 4 * G);
     if let (Ok(op), Ok(bad)) = (fail_op.parse::<usize>(), fail_rank.parse::<usize>()) {
         if bad == rank {
@@ -235,13 +272,14 @@ fn child(spec: &str) -> std::result::Result<String, String> {
         }
     }
     let driver: Arc<dyn MulticastDriver> = Arc::new(fake.for_rank(rank));
-    let result = match establish(&store, driver, request(Multicast::Auto, rank), None).map_err(|e| e.to_string())? {
-        Outcome::On(m) => {
-            m.close(&store).map_err(|e| e.to_string())?;
-            "on".to_string()
-        }
-        Outcome::Off(why) => format!("off: {why}"),
-    };
+    let result =
+        match establish(&store, driver, request(Multicast::Auto, rank), None).map_err(|e| e.to_string())? {
+            Outcome::On(m) => {
+                m.close(&store).map_err(|e| e.to_string())?;
+                "on".to_string()
+            }
+            Outcome::Off(why) => format!("off: {why}"),
+        };
     drop(store);
     if !fake.violations().is_empty() {
         return Err(format!("violations: {:?}", fake.violations()));
@@ -251,7 +289,9 @@ fn child(spec: &str) -> std::result::Result<String, String> {
     }
     let fds_after = open_fds();
     if fds_after > fds_before {
-        return Err(format!("descriptors leaked: {fds_before} before, {fds_after} after"));
+        return Err(format!(
+            "descriptors leaked: {fds_before} before, {fds_after} after"
+        ));
     }
     Ok(result)
 }
@@ -259,7 +299,9 @@ fn child(spec: &str) -> std::result::Result<String, String> {
 /// The child entry point: does nothing unless this binary was started as a child rank.
 #[test]
 fn multicast_fake_child_rank() {
-    let Ok(spec) = std::env::var(CHILD_ENV) else { return };
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
     match child(&spec) {
         Ok(r) => println!("MC-RESULT {r}"),
         Err(e) => println!("MC-ERROR {e}"),
@@ -270,12 +312,19 @@ fn run_processes(world: usize, fail: Option<(Op, usize)>) -> Vec<String> {
     let exe = std::env::current_exe().unwrap();
     let address = StoreAddress::unique("symm-mc-fake").unwrap().to_string();
     let (op, bad) = fail.map_or(("-".to_string(), "-".to_string()), |(o, r)| {
-        (Op::ALL.iter().position(|x| *x == o).unwrap().to_string(), r.to_string())
+        (
+            Op::ALL.iter().position(|x| *x == o).unwrap().to_string(),
+            r.to_string(),
+        )
     });
     let children: Vec<_> = (0..world)
         .map(|rank| {
             std::process::Command::new(&exe)
-                .args(["--exact", "symmetric::multicast::tests::multicast_fake_child_rank", "--nocapture"])
+                .args([
+                    "--exact",
+                    "symmetric::multicast::tests::multicast_fake_child_rank",
+                    "--nocapture",
+                ])
                 .env(CHILD_ENV, format!("{rank},{world},{address},{op},{bad}"))
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::null())
@@ -288,7 +337,10 @@ fn run_processes(world: usize, fail: Option<(Op, usize)>) -> Vec<String> {
         .map(|c| {
             let out = String::from_utf8_lossy(&c.wait_with_output().unwrap().stdout).into_owned();
             out.lines()
-                .find_map(|l| l.strip_prefix("MC-RESULT ").or_else(|| l.strip_prefix("MC-ERROR ").map(|_| l)))
+                .find_map(|l| {
+                    l.strip_prefix("MC-RESULT ")
+                        .or_else(|| l.strip_prefix("MC-ERROR ").map(|_| l))
+                })
                 .unwrap_or("no result")
                 .to_string()
         })
@@ -304,8 +356,34 @@ fn the_lifecycle_and_failures_across_processes() {
     for (op, bad) in [(Op::Import, 2), (Op::AddDevice, 1), (Op::Bind, 0), (Op::Map, 2)] {
         let results = run_processes(3, Some((op, bad)));
         for r in &results {
-            assert!(r.starts_with("off: ") && r.contains(op.call()), "{op:?} on {bad}: {results:?}");
+            assert!(
+                r.starts_with("off: ") && r.contains(op.call()),
+                "{op:?} on {bad}: {results:?}"
+            );
         }
         assert!(results.iter().all(|r| r == &results[0]), "{results:?}");
     }
+}
+
+#[test]
+fn the_counter_offsets_match_the_device_header() {
+    let header =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/kernels/multimem.cuh")).unwrap();
+    let value = |name: &str| -> usize {
+        let line = header
+            .lines()
+            .find(|l| l.trim_start().starts_with("constexpr") && l.contains(&format!(" {name} = ")))
+            .unwrap_or_else(|| panic!("{name} not in multimem.cuh"));
+        line.split('=')
+            .nth(1)
+            .unwrap()
+            .trim()
+            .trim_end_matches(';')
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(value("MC_SIGNAL_OFFSET"), MC_SIGNAL_OFFSET);
+    assert_eq!(value("MC_SIGNAL_STRIDE"), MC_SIGNAL_STRIDE);
+    assert_eq!(value("MC_EXPECTED_OFFSET"), MC_EXPECTED_OFFSET);
+    assert_eq!(value("MC_PHASES"), MC_PHASES);
 }
