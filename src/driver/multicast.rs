@@ -147,8 +147,8 @@ fn object_properties(devices: usize, size: usize) -> sys::CUmulticastObjectProp 
 
 fn device(ordinal: usize) -> Result<sys::CUdevice> {
     let mut dev: sys::CUdevice = 0;
-    // SAFETY: valid out-pointer; an invalid ordinal is an error code, not UB.
     check(
+        // SAFETY: valid out-pointer; an invalid ordinal is an error code, not UB.
         unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) },
         "cuDeviceGet",
     )?;
@@ -186,8 +186,8 @@ pub(crate) unsafe fn get_granularity(devices: usize, which: Granularity) -> Resu
         Granularity::Recommended => sys::CUmulticastGranularity_flags::CU_MULTICAST_GRANULARITY_RECOMMENDED,
     };
     let mut g = 0usize;
-    // SAFETY: valid out-pointer and property struct.
     check(
+        // SAFETY: valid out-pointer and property struct.
         unsafe { sys::cuMulticastGetGranularity(&mut g, &prop, flag) },
         Op::Granularity.call(),
     )?;
@@ -200,8 +200,8 @@ pub(crate) unsafe fn get_granularity(devices: usize, which: Granularity) -> Resu
 pub(crate) unsafe fn create(devices: usize, size: usize) -> Result<McHandle> {
     let prop = object_properties(devices, size);
     let mut h: McHandle = 0;
-    // SAFETY: valid out-pointer and properties.
     check(
+        // SAFETY: valid out-pointer and properties.
         unsafe { sys::cuMulticastCreate(&mut h, &prop) },
         Op::Create.call(),
     )?;
@@ -244,8 +244,8 @@ pub(crate) unsafe fn import_fd(fd: BorrowedFd<'_>) -> Result<McHandle> {
 /// `mc` is live; every rank adds its device before any rank binds (or the binds block).
 pub(crate) unsafe fn add_device(mc: McHandle, ordinal: usize) -> Result<()> {
     let dev = device(ordinal)?;
-    // SAFETY: live handle, valid device.
     check(
+        // SAFETY: live handle, valid device.
         unsafe { sys::cuMulticastAddDevice(mc, dev) },
         Op::AddDevice.call(),
     )
@@ -255,8 +255,8 @@ pub(crate) unsafe fn add_device(mc: McHandle, ordinal: usize) -> Result<()> {
 /// Every device was added to `mc` (by every rank); `memory` is a live physical allocation of
 /// at least `size` bytes on `ordinal`; `size` is a multiple of the minimum granularity.
 pub(crate) unsafe fn bind_mem(mc: McHandle, memory: u64, size: usize) -> Result<()> {
-    // SAFETY: per the caller's contract.
     check(
+        // SAFETY: per the caller's contract.
         unsafe { sys::cuMulticastBindMem(mc, 0, memory, 0, size, 0) },
         Op::Bind.call(),
     )
@@ -266,8 +266,8 @@ pub(crate) unsafe fn bind_mem(mc: McHandle, memory: u64, size: usize) -> Result<
 /// This device bound its memory to `mc`; `size` is the bound size.
 pub(crate) unsafe fn map(mc: McHandle, ordinal: usize, size: usize) -> Result<u64> {
     let mut va: sys::CUdeviceptr = 0;
-    // SAFETY: valid out-pointer; alignment 0 is the default.
     check(
+        // SAFETY: valid out-pointer; alignment 0 is the default.
         unsafe { sys::cuMemAddressReserve(&mut va, size, 0, 0, 0) },
         "cuMemAddressReserve(multicast)",
     )?;
@@ -281,8 +281,8 @@ pub(crate) unsafe fn map(mc: McHandle, ordinal: usize, size: usize) -> Result<u6
         location: super::vmm::device_location(ordinal),
         flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
     };
-    // SAFETY: the range was just mapped; one valid descriptor.
     if let Err(e) = check(
+        // SAFETY: the range was just mapped; one valid descriptor.
         unsafe { sys::cuMemSetAccess(va, size, &desc, 1) },
         "cuMemSetAccess(multicast)",
     ) {
@@ -313,8 +313,8 @@ pub(crate) unsafe fn unmap(va: u64, size: usize) -> Result<()> {
 /// This device bound `size` bytes at offset 0 and unmapped the object.
 pub(crate) unsafe fn unbind(mc: McHandle, ordinal: usize, size: usize) -> Result<()> {
     let dev = device(ordinal)?;
-    // SAFETY: per the caller's contract.
     check(
+        // SAFETY: per the caller's contract.
         unsafe { sys::cuMulticastUnbind(mc, dev, 0, size) },
         Op::Unbind.call(),
     )

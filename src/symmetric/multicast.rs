@@ -157,7 +157,6 @@ pub(crate) enum Outcome {
     Off(String),
 }
 
-
 /// Minimum and recommended granularity, as exchanged.
 struct Granularities(usize, usize);
 
