@@ -45,7 +45,8 @@ pub(crate) fn grid(kernel: Kernel, len: usize, dtype: DType, world: usize, limit
 }
 
 /// [`choose`] then [`grid`], for [`crate::Communicator::plan`]: the grid a buffer call would
-/// use if the kernels take it (`Nccl` is sized as one-shot; it is never launched).
+/// use if the kernels take it (`Nccl` is sized as one-shot; it is never launched; `Multimem`
+/// is the grid of the symmetric call's multimem kernel).
 pub(crate) fn plan_all_reduce(
     len: usize,
     dtype: DType,
@@ -55,7 +56,10 @@ pub(crate) fn plan_all_reduce(
     requested: Algorithm,
 ) -> Plan {
     let algorithm = choose(len * dtype.size(), world, config, requested);
-    let kernel = kernel_for(algorithm).unwrap_or(Kernel::OneShot);
+    let kernel = match algorithm {
+        Algorithm::Multimem => Kernel::InPlaceMultimem,
+        _ => kernel_for(algorithm).unwrap_or(Kernel::OneShot),
+    };
     grid(kernel, len, dtype, world, limits)
 }
 

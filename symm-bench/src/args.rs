@@ -146,6 +146,12 @@ pub enum AlgoChoice {
     /// NCCL's ncclAllReduce, the baseline.
     #[value(name = "nccl")]
     Nccl,
+    /// Opt-in, never in the default list: the zero-copy in-place call on the NVLS multimem
+    /// kernel. The communicators are then built with `Config::multicast = Required`, so the
+    /// run stops with the reason where no multicast object can be set up (no NVSwitch, a veto
+    /// variable such as NCCL_NVLS_ENABLE=0, or the device attribute 0). docs/multicast.md.
+    #[value(name = "multimem", alias = "nvls")]
+    Multimem,
 }
 
 impl AlgoChoice {
@@ -158,6 +164,7 @@ impl AlgoChoice {
             AlgoChoice::Auto => Some(Algorithm::Auto),
             // The in-place kernel launches the two-shot grid.
             AlgoChoice::Symmetric => Some(Algorithm::TwoShot),
+            AlgoChoice::Multimem => Some(Algorithm::Multimem),
             AlgoChoice::Nccl => None,
         }
     }
@@ -171,6 +178,7 @@ impl AlgoChoice {
             AlgoChoice::Auto => "auto",
             AlgoChoice::Symmetric => "symmetric",
             AlgoChoice::Nccl => "nccl",
+            AlgoChoice::Multimem => "multimem",
         }
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use indicatif::ProgressBar;
 use symm_allreduce::cudarc::driver::{sys, CudaContext, CudaGraph, CudaSlice, CudaStream, DriverError};
 use symm_allreduce::cudarc::nccl::{group_end, group_start, ReduceOp};
-use symm_allreduce::{Algorithm, Communicator, Config, DType};
+use symm_allreduce::{Algorithm, Communicator, Config, DType, Multicast};
 
 use crate::args::{format_size, round_to_elements, AlgoChoice, Mode, RunPlan};
 use crate::data::{random_input, seed, BenchElem, Expected};
@@ -246,6 +246,7 @@ impl Bench {
         placement: Placement,
         capacity_bytes: usize,
         with_nccl: bool,
+        multicast: bool,
     ) -> Result<Bench, BenchError> {
         let streams = ctxs
             .iter()
@@ -253,6 +254,8 @@ impl Bench {
             .collect::<Result<Vec<_>, _>>()?;
         let config = Config {
             capacity_bytes,
+            // Only when multimem rows are asked for (opt-in; see AlgoChoice::Multimem).
+            multicast: if multicast { Multicast::Required } else { Multicast::Off },
             ..Config::default()
         };
         let comms = Communicator::local_group(&ctxs, config)?;
@@ -425,9 +428,11 @@ impl Bench {
     ) -> Result<(), BenchError> {
         let dtype = T::DTYPE;
         let world = self.world();
-        let symmetric = algo == AlgoChoice::Symmetric;
+        let symmetric = matches!(algo, AlgoChoice::Symmetric | AlgoChoice::Multimem);
         let kernel = self.comms[0].plan(len, dtype, algorithm);
-        let kernel_name = if symmetric {
+        let kernel_name = if algo == AlgoChoice::Multimem {
+            "in_place_mm"
+        } else if symmetric {
             "in_place"
         } else {
             kernel.algorithm.name()
@@ -444,7 +449,7 @@ impl Bench {
         }
         if symmetric {
             for (c, s) in self.comms.iter().zip(&self.streams) {
-                c.all_reduce_symmetric::<T>(len, s)?;
+                c.all_reduce_symmetric_with::<T>(len, s, algorithm)?;
             }
             for (r, out) in b.outputs.iter_mut().enumerate() {
                 self.comms[r].copy_from_symmetric(out, &self.streams[r])?;
@@ -465,7 +470,7 @@ impl Bench {
             let mut real = || -> Result<(), BenchError> {
                 for (r, out) in outputs.iter_mut().enumerate() {
                     if symmetric {
-                        comms[r].all_reduce_symmetric::<T>(len, &streams[r])?;
+                        comms[r].all_reduce_symmetric_with::<T>(len, &streams[r], algorithm)?;
                     } else {
                         comms[r].all_reduce_with(&inputs[r], out, &streams[r], algorithm)?;
                     }

@@ -175,7 +175,8 @@ fn run(args: &Args) -> Result<ExitCode, Stop> {
     }
 
     let with_nccl = plan.algos.contains(&AlgoChoice::Nccl);
-    let mut bench = Bench::new(ctxs, placement, capacity, with_nccl)
+    let multicast = plan.algos.contains(&AlgoChoice::Multimem);
+    let mut bench = Bench::new(ctxs, placement, capacity, with_nccl, multicast)
         .map_err(|e| Stop::Failed(format!("setup failed: {e}")))?;
     meta.placement = placement.name().into();
     meta.devices = bench.device_names();
