@@ -119,9 +119,10 @@ pub(crate) trait MulticastDriver: Send + Sync {
         memory_size: usize,
         size: usize,
     ) -> Result<()>;
-    /// Reserves an address range of `size` bytes, maps the object there and gives `ordinal`
-    /// read-write access; returns the multicast address. On failure nothing stays mapped.
-    fn map(&self, mc: McHandle, ordinal: usize, size: usize) -> Result<u64>;
+    /// Reserves an address range of `size` bytes aligned to `alignment` (the multicast
+    /// granularity), maps the object there and gives `ordinal` read-write access; returns the
+    /// multicast address. On failure nothing stays mapped.
+    fn map(&self, mc: McHandle, ordinal: usize, size: usize, alignment: usize) -> Result<u64>;
     /// Unmaps what [`MulticastDriver::map`] mapped and frees the address range.
     fn unmap(&self, va: u64, size: usize) -> Result<()>;
     /// Unbinds device `ordinal`'s memory (`size` bytes at offset 0).
@@ -264,11 +265,11 @@ pub(crate) unsafe fn bind_mem(mc: McHandle, memory: u64, size: usize) -> Result<
 
 /// # Safety
 /// This device bound its memory to `mc`; `size` is the bound size.
-pub(crate) unsafe fn map(mc: McHandle, ordinal: usize, size: usize) -> Result<u64> {
+pub(crate) unsafe fn map(mc: McHandle, ordinal: usize, size: usize, alignment: usize) -> Result<u64> {
     let mut va: sys::CUdeviceptr = 0;
     check(
-        // SAFETY: valid out-pointer; alignment 0 is the default.
-        unsafe { sys::cuMemAddressReserve(&mut va, size, 0, 0, 0) },
+        // SAFETY: valid out-pointer; the alignment is a granularity (a power of two).
+        unsafe { sys::cuMemAddressReserve(&mut va, size, alignment, 0, 0) },
         "cuMemAddressReserve(multicast)",
     )?;
     // SAFETY: the range is ours and unmapped; the handle is live.
@@ -372,9 +373,9 @@ impl MulticastDriver for CudaMulticast {
         // SAFETY: the add-device vote passed; `memory` is the rank's live workspace allocation.
         unsafe { bind_mem(mc, memory, size) }
     }
-    fn map(&self, mc: McHandle, ordinal: usize, size: usize) -> Result<u64> {
+    fn map(&self, mc: McHandle, ordinal: usize, size: usize, alignment: usize) -> Result<u64> {
         // SAFETY: the bind vote passed.
-        unsafe { map(mc, ordinal, size) }
+        unsafe { map(mc, ordinal, size, alignment) }
     }
     fn unmap(&self, va: u64, size: usize) -> Result<()> {
         // SAFETY: called by the pipeline's teardown after the collective close.
@@ -424,7 +425,7 @@ impl MulticastDriver for AttributeOnly {
     fn bind_mem(&self, _: McHandle, _: usize, _: u64, _: usize, _: usize) -> Result<()> {
         Err(refused(Op::Bind))
     }
-    fn map(&self, _: McHandle, _: usize, _: usize) -> Result<u64> {
+    fn map(&self, _: McHandle, _: usize, _: usize, _: usize) -> Result<u64> {
         Err(refused(Op::Map))
     }
     fn unmap(&self, _: u64, _: usize) -> Result<()> {
@@ -809,10 +810,14 @@ mod fake {
             })
         }
 
-        fn map(&self, mc: McHandle, ordinal: usize, size: usize) -> Result<u64> {
+        fn map(&self, mc: McHandle, ordinal: usize, size: usize, alignment: usize) -> Result<u64> {
             let mut l = self.local();
             self.enter(&mut l, Op::Map)?;
             self.check_multiple(&mut l, Op::Map, size)?;
+            if alignment == 0 || alignment % self.shared.min_granularity != 0 {
+                let why = format!("alignment {alignment} is not a granularity multiple");
+                return Err(self.violation(&mut l, Op::Map, why));
+            }
             self.with_record(&mut l, Op::Map, mc, |r| {
                 if r.bound & bit(ordinal) == 0 {
                     return Err(format!("device {ordinal} maps before binding its memory"));
@@ -897,11 +902,11 @@ mod tests {
             r0.bind_mem(mc, 0, 1, 8192, 8192).is_err(),
             "bind before every add"
         );
-        assert!(r0.map(mc, 0, 8192).is_err(), "map before bind");
+        assert!(r0.map(mc, 0, 8192, 4096).is_err(), "map before bind");
         r1.add_device(mc1, 1).unwrap();
         r0.bind_mem(mc, 0, 1, 8192, 8192).unwrap();
         r1.bind_mem(mc1, 1, 2, 8192, 8192).unwrap();
-        let va = r0.map(mc, 0, 8192).unwrap();
+        let va = r0.map(mc, 0, 8192, 4096).unwrap();
         assert!(r0.unbind(mc, 0, 8192).is_err(), "unbind while mapped");
         assert!(r0.release(mc).is_err(), "release while mapped");
         assert_eq!(fake.object_state(mc), Some((0b11, 0b11, 1, 2)));

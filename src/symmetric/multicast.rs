@@ -348,7 +348,7 @@ pub(crate) fn establish(
 
     // 7. Map with access.
     let mapped = driver
-        .map(mc, ordinal, size)
+        .map(mc, ordinal, size, agreed.0.max(1))
         .map(|va| partial.mapped = Some((va, size)))
         .map_err(|e| e.to_string());
     if let Err(why) = step("multicast map", mapped)? {

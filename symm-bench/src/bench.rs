@@ -255,7 +255,11 @@ impl Bench {
         let config = Config {
             capacity_bytes,
             // Only when multimem rows are asked for (opt-in; see AlgoChoice::Multimem).
-            multicast: if multicast { Multicast::Required } else { Multicast::Off },
+            multicast: if multicast {
+                Multicast::Required
+            } else {
+                Multicast::Off
+            },
             ..Config::default()
         };
         let comms = Communicator::local_group(&ctxs, config)?;

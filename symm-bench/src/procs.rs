@@ -28,7 +28,9 @@ use indicatif::ProgressBar;
 use symm_allreduce::__codec::{Reader, Wire, Writer};
 use symm_allreduce::cudarc::driver::{CudaSlice, CudaStream};
 use symm_allreduce::cudarc::nccl::{Comm, Id};
-use symm_allreduce::{Algorithm, Bootstrap, Communicator, Config, DType, Multicast, SocketStore, StoreAddress};
+use symm_allreduce::{
+    Algorithm, Bootstrap, Communicator, Config, DType, Multicast, SocketStore, StoreAddress,
+};
 
 use crate::args::{format_size, round_to_elements, AlgoChoice, Args, Mode, RunPlan, ONE_SHOT_SWEEP_MAX};
 use crate::bench::{self, measure, BenchError, Measured, Placement};
