@@ -8,6 +8,11 @@
 
 #include "reduce.cuh"
 
+// A marker in the PTX (an inline-asm comment survives into it) at the top of each policy
+// method, so a CPU test can check that the unicast and the multimem instantiations of one
+// kernel body call the policy in the same order (tests/multimem_code.rs).
+#define SYMM_POLICY_MARK(WHAT) asm volatile("// symm-policy: " WHAT)
+
 namespace symm {
 
 struct UnicastColl {
@@ -19,12 +24,14 @@ struct UnicastColl {
     // Pack `pack` of every rank's symmetric buffer, summed in rank order.
     template <typename T>
     __device__ __forceinline__ uint4 load_reduce(uint64_t pack) const {
+        SYMM_POLICY_MARK("load_reduce");
         return sum_ranks<T>(a, rank0, pack);
     }
 
     // Element `i` of every rank's symmetric buffer, summed in rank order (the scalar tail).
     template <typename T>
     __device__ __forceinline__ float load_reduce_element(uint64_t i) const {
+        SYMM_POLICY_MARK("load_reduce_element");
         float acc = 0.0f;
         for (uint32_t q = 0; q < a.world; ++q) {
             const float x = Elem<T>::to_float(__ldcg(reinterpret_cast<const T*>(symmetric_buffer(a, q)) + i));
@@ -35,6 +42,7 @@ struct UnicastColl {
 
     // Stores `v` as pack `pack` of every rank's symmetric buffer.
     __device__ __forceinline__ void broadcast_store(uint64_t pack, uint4 v) const {
+        SYMM_POLICY_MARK("broadcast_store");
 #pragma unroll
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
             if (q < a.world) reinterpret_cast<uint4*>(symmetric_buffer(a, q))[pack] = v;
@@ -43,6 +51,7 @@ struct UnicastColl {
 
     // Barrier between block blockIdx.x of every rank (false if a wait timed out).
     __device__ __forceinline__ bool barrier(uint32_t phase, uint64_t epoch) const {
+        SYMM_POLICY_MARK("barrier");
         return block_barrier(a, phase, epoch);
     }
 };

@@ -30,6 +30,13 @@ pub enum Algorithm {
     /// lines that carry the call's epoch next to each 8 bytes of data, and polls its own
     /// slots until all lines have arrived (`2·W·S` bytes written per rank: small messages).
     LowLatency,
+    /// The NVLS multimem in-place two-shot: the NVSwitch reduces (`multimem.ld_reduce`, fp32
+    /// accumulation) and broadcasts (`multimem.st`). Only for the zero-copy symmetric-buffer
+    /// call, and only when a multicast object was set up (`Config::multicast`); the switch's
+    /// summation order is unspecified (identical on every rank, not bit-identical to the peer
+    /// kernels). As `Config::algorithm` it applies to symmetric calls; buffer calls then
+    /// follow the size rule.
+    Multimem,
     /// `ncclAllReduce` through the communicator's NCCL fallback (only communicators created
     /// with one: [`crate::Communicator::from_nccl`], [`crate::Communicator::with_nccl_fallback`]).
     Nccl,
@@ -43,6 +50,7 @@ impl Algorithm {
             Algorithm::OneShot => "one_shot",
             Algorithm::TwoShot => "two_shot",
             Algorithm::LowLatency => "low_latency",
+            Algorithm::Multimem => "multimem",
             Algorithm::Nccl => "nccl",
         }
     }
@@ -63,9 +71,39 @@ impl std::str::FromStr for Algorithm {
             "two_shot" | "twoshot" => Ok(Algorithm::TwoShot),
             "low_latency" | "ll" => Ok(Algorithm::LowLatency),
             "nccl" => Ok(Algorithm::Nccl),
+            "multimem" | "nvls" => Ok(Algorithm::Multimem),
             _ => Err(format!(
-                "unknown algorithm {s:?}: expected auto, low_latency (ll), one_shot, two_shot or nccl"
+                "unknown algorithm {s:?}: expected auto, low_latency (ll), one_shot, two_shot, multimem (nvls) \
+                 or nccl"
             )),
+        }
+    }
+}
+
+/// Whether to set up an NVLink multicast object (NVLS) for the multimem kernels
+/// (docs/multicast.md). Whatever this says, multicast stays off when any of
+/// `NCCL_NVLS_ENABLE=0`, `TORCH_SYMM_MEM_DISABLE_MULTICAST=1`, `NVSHMEM_DISABLE_NVLS=1` or
+/// `SYMM_ALLREDUCE_MULTICAST=0` is set on any rank, and no multicast driver call is made when a
+/// device reports `CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 0`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Multicast {
+    /// Never (no multicast driver call at all).
+    #[default]
+    Off,
+    /// Set it up when every rank can; otherwise fall back to the peer kernels together and
+    /// say why in `describe()`.
+    Auto,
+    /// Set it up or fail construction with [`Error::MulticastUnavailable`] naming the reason.
+    Required,
+}
+
+impl Multicast {
+    /// Lower-case name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Multicast::Off => "off",
+            Multicast::Auto => "auto",
+            Multicast::Required => "required",
         }
     }
 }
@@ -122,6 +160,13 @@ pub struct Config {
     /// win over the table. Every rank must use the same table: setup compares their digests
     /// and fails on every rank with [`Error::TuningMismatch`] when they differ.
     pub tuning: Option<TuningTable>,
+    /// NVLink multicast (NVLS) for the multimem kernels: `Off` (default), `Auto` or
+    /// `Required`; vetoed by environment variables whatever it says (see [`Multicast`]).
+    pub multicast: Multicast,
+    /// Bitwise reproducibility (default `true`): results never depend on an unspecified
+    /// summation order, so `Auto` never routes to the multimem kernels (the switch sums in an
+    /// unspecified order: identical on every rank, not bit-identical to the peer kernels).
+    pub reproducible: bool,
 }
 
 /// The thresholds `Auto` routes one (dtype, world) by, resolved from the configuration and
@@ -156,6 +201,8 @@ impl Default for Config {
             pdl: true,
             check_divergence: false,
             tuning: None,
+            multicast: Multicast::Off,
+            reproducible: true,
         }
     }
 }
@@ -201,6 +248,13 @@ impl Config {
                 "timeout must be in (0, 1 h], got {:?}",
                 self.timeout
             )));
+        }
+        if self.multicast == Multicast::Required && !self.peer_kernels {
+            return Err(Error::InvalidConfig(
+                "Config::multicast is Required but Config::peer_kernels is false: the multimem kernels \
+                 run over the symmetric workspace"
+                    .into(),
+            ));
         }
         Ok(())
     }
@@ -369,6 +423,8 @@ impl Config {
             pdl,
             check_divergence,
             tuning,
+            multicast,
+            reproducible,
         } = self;
         let mut w = Writer::with_capacity(64);
         w.put(capacity_bytes)
@@ -380,7 +436,9 @@ impl Config {
             .put(nccl_above_bytes)
             .put(peer_kernels)
             .put(pdl)
-            .put(check_divergence);
+            .put(check_divergence)
+            .put(&(*multicast as u8))
+            .put(reproducible);
         let fields = w.finish();
         let digest = tuning.as_ref().map_or(0u64, TuningTable::digest);
         Writer::with_capacity(fields.len() + 16)
@@ -469,6 +527,18 @@ mod tests {
                 ..base.clone()
             },
             base.clone().with_tuning(test_table(1 << 20)),
+            Config {
+                multicast: Multicast::Auto,
+                ..base.clone()
+            },
+            Config {
+                multicast: Multicast::Required,
+                ..base.clone()
+            },
+            Config {
+                reproducible: false,
+                ..base.clone()
+            },
         ];
         for v in &variants {
             assert_ne!(v.fingerprint(), base.fingerprint(), "{v:?}");
@@ -665,6 +735,7 @@ mod tests {
             Algorithm::OneShot,
             Algorithm::TwoShot,
             Algorithm::LowLatency,
+            Algorithm::Multimem,
             Algorithm::Nccl,
         ] {
             assert_eq!(a.name().parse::<Algorithm>().unwrap(), a);

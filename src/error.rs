@@ -50,6 +50,18 @@ pub enum Error {
         detail: String,
     },
 
+    /// `Config::multicast` is `Required`, but multicast (NVLS) could not be set up: a veto
+    /// variable is set, a device reports no multicast support, the world has one rank, or a
+    /// setup step failed (the reason names which).
+    #[error(
+        "multicast (NVLS) is required by Config::multicast = Required but is unavailable: {reason}; set \
+         Config::multicast to Auto (falls back to the peer kernels) or Off"
+    )]
+    MulticastUnavailable {
+        /// Why (the veto variable, the attribute, or the failed step).
+        reason: String,
+    },
+
     /// The driver loaded but shows no device.
     #[error("no CUDA device is visible (check CUDA_VISIBLE_DEVICES and nvidia-smi)")]
     NoDevice,
@@ -393,7 +405,7 @@ mod tests {
     /// Number of `Error` variants; `variant` below matches them exhaustively, so a new
     /// variant does not compile until it gets an index here, and the test fails until
     /// `every_error` constructs it.
-    const VARIANTS: usize = 29;
+    const VARIANTS: usize = 30;
 
     /// A stable index per variant and the text its message must contain to say what to do
     /// (`None` where the message carries the cause only).
@@ -428,6 +440,7 @@ mod tests {
             Error::CountsMismatch { .. } => (26, Some("every rank must pass the same")),
             Error::InvalidCollective { .. } => (27, None),
             Error::InvalidShape { .. } => (28, None),
+            Error::MulticastUnavailable { .. } => (29, Some("set Config::multicast to Auto")),
         }
     }
 
@@ -533,6 +546,9 @@ mod tests {
             Error::InvalidShape {
                 what: "weight",
                 reason: "has 4095 elements, hidden is 4096".into(),
+            },
+            Error::MulticastUnavailable {
+                reason: "NCCL_NVLS_ENABLE=0 vetoes it".into(),
             },
         ]
     }

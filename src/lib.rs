@@ -55,8 +55,8 @@ pub use bootstrap::{
 };
 pub use communicator::{Communicator, LOG_ENV};
 pub use config::{
-    validate_world, Algorithm, Config, Crossovers, Measured, TuningProblem, TuningTable, CHECK_ENV,
-    TUNING_ENV, TUNING_FORMAT, TUNING_VERSION, VERSION,
+    validate_world, Algorithm, Config, Crossovers, Measured, Multicast, TuningProblem, TuningTable,
+    CHECK_ENV, TUNING_ENV, TUNING_FORMAT, TUNING_VERSION, VERSION,
 };
 pub use driver::probe::{context, device_count};
 pub use dtype::{DType, Element, Gatherable};
@@ -66,6 +66,8 @@ pub use kernels::{embedded_ptx, kernels_available, ptxas_report};
 pub use nccl::{nccl_library, nccl_teardown_failures, NcclLibraryInfo};
 pub use plan::fused::MAX_HIDDEN;
 pub use plan::{Limits, PathDecision, Plan};
+#[doc(hidden)]
+pub use symmetric::multicast::{probe_attribute_only as __multicast_probe, VETOES as __MULTICAST_VETOES};
 pub use symmetric::Layout;
 pub use topology::{LinkKind, PeerDecision, PeerLink, RankPlacement, Topology};
 

@@ -17,12 +17,16 @@ use crate::kernels::registry::Kernel;
 use crate::kernels::Kernels;
 use crate::plan::validate::CallShape;
 use crate::plan::Plan;
+use crate::symmetric::multicast::{MulticastMapping, Outcome};
 use crate::symmetric::{Layout, Workspace, DATA_OFFSET, SIGNAL_OFFSET, STATE_OFFSET};
 
 /// The symmetric workspace and the kernels that use it.
 #[derive(Debug)]
 pub(crate) struct PeerBackend {
-    // Field order is drop order: unmap before freeing the error word.
+    // Field order is drop order: the multicast object is unmapped, unbound and released
+    // before the workspace's allocations; unmap before freeing the error word.
+    /// The multicast object over every rank's allocation, or why there is none.
+    multicast: std::result::Result<MulticastMapping, String>,
     workspace: Workspace,
     error: ErrorWord,
     kernels: Kernels,
@@ -62,6 +66,7 @@ impl PeerBackend {
         let pdl = config.pdl && kernels.supports_pdl();
         let check = config.check_divergence;
         PeerBackend {
+            multicast: Err("Config::multicast is Off".into()),
             workspace,
             error,
             kernels,
@@ -69,6 +74,26 @@ impl PeerBackend {
             pdl,
             check,
         }
+    }
+
+    /// Attaches the multicast pipeline's outcome (symmetric/multicast.rs).
+    pub(crate) fn with_multicast(mut self, outcome: Outcome) -> Self {
+        self.multicast = match outcome {
+            Outcome::On(m) => Ok(m),
+            Outcome::Off(why) => Err(why),
+        };
+        self
+    }
+
+    /// Takes the multicast mapping out (for the collective close); the backend keeps the
+    /// reason "closed".
+    pub(crate) fn take_multicast(&mut self) -> Option<MulticastMapping> {
+        std::mem::replace(&mut self.multicast, Err("closed".into())).ok()
+    }
+
+    /// The multicast mapping, or why there is none.
+    pub(crate) fn multicast(&self) -> std::result::Result<&MulticastMapping, &str> {
+        self.multicast.as_ref().map_err(String::as_str)
     }
 
     pub(crate) fn layout(&self) -> Layout {
@@ -104,10 +129,18 @@ impl PeerBackend {
         stream: &CudaStream,
     ) -> Result<()> {
         let func = self.kernels.get(kernel, call.dtype)?;
+        // The multimem kernel takes the multicast address in place of the (unused) input.
+        let input = match (kernel, &self.multicast) {
+            (Kernel::InPlaceMultimem, Ok(m)) => m.address(),
+            (Kernel::InPlaceMultimem, Err(why)) => {
+                return Err(Error::MulticastUnavailable { reason: why.clone() });
+            }
+            _ => call.input_addr,
+        };
         self.launch_function(
             func,
             plan,
-            (call.input_addr, call.output_addr, call.input_len),
+            (input, call.output_addr, call.input_len),
             self.check_shape(Some(kernel), call.dtype),
             stream,
         )

@@ -105,11 +105,24 @@ impl Communicator {
     /// that [`symmetric_path`](Self::symmetric_path) sends to NCCL are reduced by NCCL in
     /// place.
     pub fn all_reduce_symmetric<T: Element>(&self, len: usize, stream: &Arc<CudaStream>) -> Result<()> {
+        self.all_reduce_symmetric_with::<T>(len, stream, Algorithm::Auto)
+    }
+
+    /// [`all_reduce_symmetric`](Self::all_reduce_symmetric) with an algorithm: `Auto` (the
+    /// configured choice), `TwoShot` (the peer in-place kernel), `Multimem` (the NVLS kernel:
+    /// [`Error::MulticastUnavailable`] without a multicast object) or `Nccl`; the buffer
+    /// algorithms (one-shot, low-latency) take the in-place kernel.
+    pub fn all_reduce_symmetric_with<T: Element>(
+        &self,
+        len: usize,
+        stream: &Arc<CudaStream>,
+        algorithm: Algorithm,
+    ) -> Result<()> {
         self.check_usable()?;
         let ptr = self.symmetric_buffer();
         let shape = CallShape::in_place(T::DTYPE, len, ptr, self.device(), stream.context().ordinal());
         validate_call(&shape, self.device(), self.config.capacity_bytes)?;
-        let route = self.route(CallKind::Symmetric, len, T::DTYPE, Algorithm::Auto)?;
+        let route = self.route(CallKind::Symmetric, len, T::DTYPE, algorithm)?;
         self.run::<T>(&shape, &route, stream)
     }
 

@@ -288,15 +288,22 @@ impl Communicator {
     }
 
     fn facts(&self) -> PathFacts<'_> {
-        let (peer_kernels, nccl) = match &self.paths {
-            Paths::Peer { nccl, .. } => (Ok(()), nccl.as_ref().map(|_| ()).map_err(String::as_str)),
-            Paths::NcclOnly { why, .. } => (Err(why.as_str()), Ok(())),
+        let (peer_kernels, nccl, multicast) = match &self.paths {
+            Paths::Peer { nccl, peer } => (
+                Ok(()),
+                nccl.as_ref().map(|_| ()).map_err(String::as_str),
+                peer.multicast().map(|_| ()),
+            ),
+            Paths::NcclOnly { why, .. } => {
+                (Err(why.as_str()), Ok(()), Err("the peer kernels are not set up"))
+            }
         };
         PathFacts {
             world: self.world,
             limits: self.limits,
             peer_kernels,
             nccl,
+            multicast,
         }
     }
 
@@ -313,6 +320,40 @@ impl Communicator {
     /// Why the peer kernels are not set up, if they are not.
     pub fn peer_kernels_unavailable(&self) -> Option<&str> {
         self.facts().peer_kernels.err()
+    }
+
+    /// Whether a multicast (NVLS) object is set up, so the multimem kernel can run.
+    pub fn has_multicast(&self) -> bool {
+        self.facts().multicast.is_ok()
+    }
+
+    /// Why there is no multicast object, if there is none (`Config::multicast` is `Off`, a
+    /// veto variable, the device attribute, or the setup step that failed).
+    pub fn multicast_unavailable(&self) -> Option<&str> {
+        self.facts().multicast.err()
+    }
+
+    /// The collective close (every rank calls it, with the bootstrap the communicator was
+    /// built over, or any bootstrap of the same ranks): waits for this rank's last call, then
+    /// votes, so no rank unmaps, unbinds or releases the multicast object (if any) while a peer
+    /// may still write through its multicast address; then drops the communicator. `Drop`
+    /// alone tears the multicast object down locally without the vote: safe for this process,
+    /// but a peer still inside a multimem kernel may then write into memory that is no longer
+    /// bound (docs/multicast.md). Without multicast this is a synchronise, a vote and a drop.
+    pub fn close(mut self, bootstrap: &dyn crate::bootstrap::Bootstrap) -> Result<()> {
+        let synced = match self.order.get_mut().last.take() {
+            Some(last) => last.synchronize().during("cuStreamSynchronize"),
+            None => Ok(()),
+        };
+        let mapping = match &mut self.paths {
+            Paths::Peer { peer, .. } => peer.take_multicast(),
+            Paths::NcclOnly { .. } => None,
+        };
+        let closed = match mapping {
+            Some(m) => m.close(bootstrap),
+            None => crate::bootstrap::vote(bootstrap, "multicast close", Ok(())),
+        };
+        synced.and(closed)
     }
 
     /// Whether calls can go to NCCL.
@@ -342,6 +383,24 @@ impl Communicator {
             ),
             Paths::NcclOnly { why, .. } => format!("peer kernels: off, every call goes to NCCL: {why}\n"),
         };
+        s += &match &self.paths {
+            Paths::Peer { peer, .. } => match peer.multicast() {
+                Ok(m) => format!(
+                    "multicast (NVLS): on ({} bytes bound, granularity {} minimum / {} recommended; multimem for \
+                     symmetric calls {})\n",
+                    m.size(),
+                    m.granularity().0,
+                    m.granularity().1,
+                    if self.config.reproducible {
+                        "only when asked for: Config::reproducible is on"
+                    } else {
+                        "above the one-shot range under Auto"
+                    }
+                ),
+                Err(why) => format!("multicast (NVLS): off ({why})\n"),
+            },
+            Paths::NcclOnly { .. } => "multicast (NVLS): off (the peer kernels are not set up)\n".to_string(),
+        };
         s += &match (self.nccl(), self.nccl_unavailable()) {
             (Ok(f), _) => format!("NCCL fallback: {}\n", f.describe()),
             (Err(_), Some(why)) => format!("NCCL fallback: none ({why})\n"),
@@ -366,6 +425,11 @@ impl Communicator {
             };
             s += &format!("  {:>9} bytes bf16 -> {line}\n", bytes);
         }
+        let line = match self.symmetric_path((4 << 20) / 2, DType::BF16) {
+            Ok(p) => p.to_string(),
+            Err(e) => format!("refused: {e}"),
+        };
+        s += &format!("  symmetric call, {:>9} bytes bf16 -> {line}\n", 4 << 20);
         s.pop();
         s
     }

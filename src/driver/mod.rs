@@ -4,6 +4,7 @@
 //! that call C (a CPU test, `tests/house.rs`, checks it).
 
 pub(crate) mod host;
+pub(crate) mod multicast;
 pub(crate) mod nvml;
 pub(crate) mod nvtx;
 pub(crate) mod p2p;

@@ -15,7 +15,7 @@ const FD_HANDLE: sys::CUmemAllocationHandleType =
 /// A device location. Written through a helper because the binding's layout of
 /// `CUmemLocation` differs between CUDA versions (a plain `id` up to 13.1, an anonymous
 /// union from 13.2); in every version the id is the `int` right after `type_`.
-fn device_location(ordinal: usize) -> sys::CUmemLocation {
+pub(super) fn device_location(ordinal: usize) -> sys::CUmemLocation {
     // SAFETY: CUmemLocation is a plain C struct for which all-zero bytes are valid.
     let mut location: sys::CUmemLocation = unsafe { std::mem::zeroed() };
     location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
@@ -78,6 +78,11 @@ impl Allocation {
         let code = unsafe { sys::cuMemCreate(&mut handle, size, &prop, 0) };
         check(code, "cuMemCreate")?;
         Ok(Allocation { handle, size })
+    }
+
+    /// The driver handle (for binding to a multicast object).
+    pub(crate) fn handle(&self) -> u64 {
+        self.handle
     }
 
     pub(crate) fn size(&self) -> usize {

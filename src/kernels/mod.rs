@@ -111,6 +111,11 @@ impl Kernels {
             })
     }
 
+    /// Whether this device has `kernel` (its minimum architecture is met).
+    pub(crate) fn has(&self, kernel: Kernel) -> bool {
+        self.table[kernel.index()].iter().all(Option::is_some)
+    }
+
     pub(crate) fn empty(&self) -> &CudaFunction {
         &self.empty
     }

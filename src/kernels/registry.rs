@@ -34,6 +34,9 @@ pub(crate) enum Kernel {
     FusedTwoShot,
     /// Residual + RMSNorm of an all-reduced buffer (the unfused epilogue).
     RmsNorm,
+    /// The in-place two-shot body over the multimem (NVLS) policy: sm_90+, needs a multicast
+    /// object bound to every rank's allocation (kernels/multimem.cu).
+    InPlaceMultimem,
 }
 
 /// One registry row.
@@ -48,7 +51,7 @@ pub(crate) struct KernelSpec {
 }
 
 /// Every kernel, in table order.
-pub(crate) const KERNELS: [KernelSpec; 9] = [
+pub(crate) const KERNELS: [KernelSpec; 10] = [
     KernelSpec {
         kernel: Kernel::OneShot,
         prefix: "one_shot",
@@ -103,6 +106,12 @@ pub(crate) const KERNELS: [KernelSpec; 9] = [
         min_arch: 80,
         family: Family::Local,
     },
+    KernelSpec {
+        kernel: Kernel::InPlaceMultimem,
+        prefix: "in_place_mm",
+        min_arch: 90,
+        family: Family::TwoShot,
+    },
 ];
 
 /// The body-less kernel with the common signature (the benchmark's launch floor).
@@ -126,6 +135,7 @@ impl Kernel {
             Kernel::FusedOneShot => 6,
             Kernel::FusedTwoShot => 7,
             Kernel::RmsNorm => 8,
+            Kernel::InPlaceMultimem => 9,
         }
     }
 

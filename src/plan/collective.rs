@@ -320,7 +320,7 @@ pub(crate) fn explain_collective(
         Rule::AboveCapacity => {
             format!("{ws} bytes to copy in exceed the {name} workspace ({cap} bytes): nccl {name}")
         }
-        Rule::Size | Rule::Symmetric => {
+        Rule::Size | Rule::Symmetric | Rule::Multimem => {
             format!("one-shot {name} kernel: {ws} bytes to copy in <= workspace ({cap} bytes)")
         }
         Rule::Configured => format!(
@@ -365,6 +365,7 @@ mod tests {
             limits: LIMITS,
             peer_kernels: peer,
             nccl,
+            multicast: Err("no multicast in these tests"),
         }
     }
 

@@ -55,7 +55,20 @@ pub(crate) fn explain(
             "{bytes} bytes exceed the symmetric capacity ({} bytes)",
             config.capacity_bytes
         ),
-        Rule::Symmetric => "symmetric-buffer call: zero-copy in-place two-shot".to_string(),
+        Rule::Symmetric => match (facts.multicast, config.reproducible) {
+            (Err(why), _) => format!("symmetric-buffer call: zero-copy in-place two-shot (multimem off: {why})"),
+            (Ok(()), true) => "symmetric-buffer call: zero-copy in-place two-shot (multimem not chosen: \
+                               Config::reproducible is on)"
+                .to_string(),
+            (Ok(()), false) => format!(
+                "symmetric-buffer call: zero-copy in-place two-shot ({bytes} bytes <= one-shot limit ({limit}), \
+                 below the multimem range)"
+            ),
+        },
+        Rule::Multimem => format!(
+            "symmetric-buffer call: multimem (NVLS) in-place two-shot ({bytes} bytes > one-shot limit ({limit}), \
+             multicast set up, Config::reproducible off: the switch's summation order is not the peer kernels')"
+        ),
         Rule::Size => match algorithm {
             Algorithm::LowLatency => format!("{bytes} bytes <= low-latency limit ({ll_limit}{from_table})"),
             _ if facts.world == 1 => "one rank: one-shot copy".to_string(),
@@ -115,7 +128,91 @@ mod tests {
             limits: WIDE,
             peer_kernels: peer,
             nccl,
+            multicast: Err("Config::multicast is Off"),
         }
+    }
+
+    fn symmetric(
+        len: usize,
+        config: &Config,
+        requested: Algorithm,
+        f: PathFacts<'_>,
+    ) -> Result<PathDecision> {
+        let r = route(CallKind::Symmetric, len, DType::BF16, config, requested, f)?;
+        Ok(explain(&r, requested, config, f))
+    }
+
+    #[test]
+    fn auto_takes_multimem_only_with_multicast_set_up_and_reproducible_off() {
+        let on = PathFacts {
+            multicast: Ok(()),
+            ..facts(Ok(()), Ok(()))
+        };
+        let off = facts(Ok(()), Ok(()));
+        let fast = Config {
+            reproducible: false,
+            nccl_above_bytes: Some(64 << 20),
+            ..Config::default()
+        };
+        let limit = fast.one_shot_limit(DType::BF16, 4);
+        let big = (limit + 16) / 2; // bf16 elements just above the one-shot range
+        let p = symmetric(big, &fast, Algorithm::Auto, on).unwrap();
+        assert_eq!(p.algorithm, Algorithm::Multimem, "{p}");
+        assert!(
+            p.reason.contains("multimem") && p.reason.contains("reproducible off"),
+            "{p}"
+        );
+        // At or below the one-shot range: the peer in-place kernel.
+        let p = symmetric(limit / 2, &fast, Algorithm::Auto, on).unwrap();
+        assert_eq!(p.algorithm, Algorithm::TwoShot, "{p}");
+        assert!(p.reason.contains("below the multimem range"), "{p}");
+        // Above the NCCL threshold: NCCL, not multimem.
+        let p = symmetric(
+            (64 << 20) / 2 + 8,
+            &Config {
+                capacity_bytes: 128 << 20,
+                ..fast.clone()
+            },
+            Algorithm::Auto,
+            on,
+        )
+        .unwrap();
+        assert_eq!(p.algorithm, Algorithm::Nccl, "{p}");
+        // Reproducible (the default) keeps Auto away, and says so.
+        let p = symmetric(big, &Config::default(), Algorithm::Auto, on).unwrap();
+        assert_eq!(p.algorithm, Algorithm::TwoShot);
+        assert!(p.reason.contains("reproducible is on"), "{p}");
+        // No multicast: in-place, with the reason.
+        let p = symmetric(big, &fast, Algorithm::Auto, off).unwrap();
+        assert_eq!(p.algorithm, Algorithm::TwoShot);
+        assert!(p.reason.contains("multimem off: Config::multicast is Off"), "{p}");
+        // Asked for: runs with multicast (even reproducible), a typed error without it; buffer
+        // calls refuse it.
+        let p = symmetric(8, &Config::default(), Algorithm::Multimem, on).unwrap();
+        assert_eq!(p.algorithm, Algorithm::Multimem);
+        assert!(matches!(
+            symmetric(8, &fast, Algorithm::Multimem, off),
+            Err(Error::MulticastUnavailable { reason }) if reason.contains("Config::multicast is Off")
+        ));
+        assert!(matches!(
+            decide_path(big, DType::BF16, &fast, Algorithm::Multimem, on),
+            Err(Error::InvalidConfig(_))
+        ));
+        // Configured Multimem: symmetric calls take it, buffer calls the size rule.
+        let conf = Config {
+            algorithm: Algorithm::Multimem,
+            ..Config::default()
+        };
+        assert_eq!(
+            symmetric(8, &conf, Algorithm::Auto, on).unwrap().algorithm,
+            Algorithm::Multimem
+        );
+        assert_eq!(
+            decide_path(100, DType::F32, &conf, Algorithm::Auto, on)
+                .unwrap()
+                .algorithm,
+            Algorithm::LowLatency
+        );
     }
 
     #[test]

@@ -218,6 +218,7 @@ mod tests {
             limits: WIDE,
             peer_kernels: Ok(()),
             nccl,
+            multicast: Err("no multicast in these tests"),
         }
     }
 

@@ -18,7 +18,8 @@ pub(crate) fn choose(
     requested: Algorithm,
 ) -> Algorithm {
     match (requested, config.algorithm) {
-        (Algorithm::Auto, Algorithm::Auto) => {
+        // A configured Multimem applies to symmetric calls only; buffer calls size-rule.
+        (Algorithm::Auto, Algorithm::Auto | Algorithm::Multimem) => {
             let th = config.thresholds(dtype, world);
             if bytes <= th.low_latency_max {
                 Algorithm::LowLatency
@@ -39,7 +40,7 @@ pub(crate) fn choose(
 pub(crate) fn grid(kernel: Kernel, len: usize, dtype: DType, world: usize, limits: Limits) -> Plan {
     let packs = len / dtype.per_pack();
     let work = match kernel {
-        Kernel::TwoShot | Kernel::InPlace => packs.div_ceil(world),
+        Kernel::TwoShot | Kernel::InPlace | Kernel::InPlaceMultimem => packs.div_ceil(world),
         Kernel::LowLatency => (len * dtype.size()).div_ceil(16),
         // Reduce-scatter: `len` is the per-rank output (one slice); all-gather: `len` is the
         // largest per-rank chunk (its grid is sized in plan::collective).
@@ -71,7 +72,8 @@ pub(crate) fn grid(kernel: Kernel, len: usize, dtype: DType, world: usize, limit
 }
 
 /// [`choose`] then [`grid`], for [`crate::Communicator::plan`]: the grid a buffer call would
-/// use if the kernels take it (`Nccl` is sized as one-shot; it is never launched).
+/// use if the kernels take it (`Nccl` is sized as one-shot; it is never launched; `Multimem`
+/// is the grid of the symmetric call's multimem kernel).
 pub(crate) fn plan_all_reduce(
     len: usize,
     dtype: DType,
@@ -81,7 +83,10 @@ pub(crate) fn plan_all_reduce(
     requested: Algorithm,
 ) -> Plan {
     let algorithm = choose(len * dtype.size(), dtype, world, config, requested);
-    let kernel = kernel_for(algorithm).unwrap_or(Kernel::OneShot);
+    let kernel = match algorithm {
+        Algorithm::Multimem => Kernel::InPlaceMultimem,
+        _ => kernel_for(algorithm).unwrap_or(Kernel::OneShot),
+    };
     grid(kernel, len, dtype, world, limits)
 }
 

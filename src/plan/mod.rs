@@ -31,6 +31,7 @@ pub(crate) const fn algorithm_of(kernel: Kernel) -> Algorithm {
         | Kernel::RmsNorm => Algorithm::OneShot,
         Kernel::TwoShot | Kernel::InPlace | Kernel::FusedTwoShot => Algorithm::TwoShot,
         Kernel::LowLatency => Algorithm::LowLatency,
+        Kernel::InPlaceMultimem => Algorithm::Multimem,
     }
 }
 
@@ -40,7 +41,7 @@ pub(crate) const fn kernel_for(algorithm: Algorithm) -> Option<Kernel> {
         Algorithm::OneShot => Some(Kernel::OneShot),
         Algorithm::TwoShot => Some(Kernel::TwoShot),
         Algorithm::LowLatency => Some(Kernel::LowLatency),
-        Algorithm::Auto | Algorithm::Nccl => None,
+        Algorithm::Auto | Algorithm::Nccl | Algorithm::Multimem => None,
     }
 }
 

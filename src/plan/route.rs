@@ -28,6 +28,8 @@ pub(crate) struct PathFacts<'a> {
     pub(crate) peer_kernels: std::result::Result<(), &'a str>,
     /// `Err(why)` when there is no NCCL fallback.
     pub(crate) nccl: std::result::Result<(), &'a str>,
+    /// `Err(why)` when no multicast object is set up (the multimem kernel cannot run).
+    pub(crate) multicast: std::result::Result<(), &'a str>,
 }
 
 /// The rule that decided a route (rendered as a sentence by [`super::explain`]).
@@ -49,8 +51,11 @@ pub(crate) enum Rule {
     Configured,
     /// The call names the kernel.
     AskedFor,
-    /// A call on the symmetric buffer: always the in-place kernel.
+    /// A call on the symmetric buffer: the in-place kernel.
     Symmetric,
+    /// `Auto` on the symmetric buffer above the one-shot range, multicast set up and
+    /// `Config::reproducible` off: the multimem in-place kernel.
+    Multimem,
 }
 
 /// Where one call goes.
@@ -88,7 +93,9 @@ impl Route {
 /// Routes a call (pure; every rank decides the same; no allocation unless it refuses):
 /// 1. `Algorithm::Nccl` (asked for, or configured) → NCCL, or an error without a fallback;
 /// 2. no symmetric workspace → NCCL;
-/// 3. a symmetric-buffer call → the in-place kernel;
+/// 3. a symmetric-buffer call → the multimem in-place kernel when asked for (an error without
+///    multicast), or under `Auto` above the one-shot limit when multicast is set up and
+///    `Config::reproducible` is off; otherwise the in-place kernel;
 /// 4. a kernel asked for (or configured) → that kernel;
 /// 5. `Auto`: above `nccl_above_bytes` (or the tuning table's two-shot maximum), or above
 ///    `capacity_bytes`, → NCCL when there is a fallback; otherwise the size rule of [`choose`].
@@ -158,7 +165,32 @@ pub(crate) fn route(
         });
     }
     let (kernel, rule) = match kind {
+        CallKind::Symmetric if chosen == Algorithm::Multimem => match facts.multicast {
+            Ok(()) if requested == Algorithm::Multimem => (Kernel::InPlaceMultimem, Rule::AskedFor),
+            Ok(()) => (Kernel::InPlaceMultimem, Rule::Configured),
+            Err(why) => {
+                return Err(Error::MulticastUnavailable {
+                    reason: format!("Algorithm::Multimem was asked for, but {why}"),
+                })
+            }
+        },
+        CallKind::Symmetric
+            if chosen == Algorithm::Auto
+                && facts.multicast.is_ok()
+                && !config.reproducible
+                && facts.world > 1
+                && bytes > config.one_shot_limit(dtype, facts.world) =>
+        {
+            (Kernel::InPlaceMultimem, Rule::Multimem)
+        }
         CallKind::Symmetric => (Kernel::InPlace, Rule::Symmetric),
+        CallKind::Buffers if requested == Algorithm::Multimem => {
+            return Err(Error::InvalidConfig(
+                "Algorithm::Multimem runs only the zero-copy call on the symmetric buffer \
+                 (all_reduce_symmetric); buffer calls take the peer kernels or NCCL"
+                    .into(),
+            ))
+        }
         CallKind::Buffers => {
             let rule = match (requested, config.algorithm) {
                 (Algorithm::Auto, Algorithm::Auto) => Rule::Size,
@@ -247,6 +279,7 @@ mod tests {
                 limits,
                 peer_kernels: Ok(()),
                 nccl: Ok(()),
+                multicast: Ok(()),
             };
             for len in [1usize, 100, 8 << 10, 300_000, 3 << 20, 40 << 20] {
                 for dtype in DType::ALL {
@@ -255,8 +288,13 @@ mod tests {
                         Algorithm::OneShot,
                         Algorithm::TwoShot,
                         Algorithm::Nccl,
+                        Algorithm::Multimem,
                     ] {
                         for kind in [CallKind::Buffers, CallKind::Symmetric] {
+                            // A refusal may allocate its message (Multimem on a buffer call).
+                            if algo == Algorithm::Multimem && kind == CallKind::Buffers {
+                                continue;
+                            }
                             if let Ok(r) = route(kind, len, dtype, config, algo, facts) {
                                 sink += r.bytes + matches!(r.target, Target::Nccl) as usize;
                             }

@@ -8,6 +8,7 @@
 //! with the peers; a failed exchange means the group itself is broken.
 
 mod hello;
+mod multicast;
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
@@ -381,11 +382,16 @@ pub(crate) fn run(
     }
     let layout = s.layout();
     let established = match (s.failed.take(), s.mapped.take(), s.kernels.take()) {
-        (None, Some((workspace, error)), Some(kernels)) => Established::Peer(PeerBackend::new(
-            workspace, error, kernels, s.rank, s.world, &s.config,
-        )),
+        (None, Some((workspace, error)), Some(kernels)) => {
+            // The multicast steps (issue 12): after the peer workspace is mapped, voted.
+            let mc = multicast::run(bootstrap, &s.config, s.ctx.ordinal(), &workspace, &kernels)?;
+            Established::Peer(
+                PeerBackend::new(workspace, error, kernels, s.rank, s.world, &s.config).with_multicast(mc),
+            )
+        }
         (failed, _, _) => {
             let e = failed.unwrap_or_else(|| Error::malformed("setup order"));
+            multicast::require_none(&s.config, &e)?;
             if s.nccl.is_err() {
                 return Err(e);
             }

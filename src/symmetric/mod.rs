@@ -20,6 +20,7 @@
 //! words (the "not yet arrived" sentinel), so nothing a new communicator reads holds an old
 //! one's bytes.
 
+pub(crate) mod multicast;
 mod workspace;
 
 pub(crate) use workspace::{allocate, Workspace};

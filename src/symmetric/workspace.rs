@@ -86,6 +86,11 @@ impl Workspace {
         self.mapping.base()
     }
 
+    /// This rank's physical allocation handle (bound to the multicast object, if any).
+    pub(crate) fn own_handle(&self) -> u64 {
+        self._own.handle()
+    }
+
     pub(crate) fn layout(&self) -> Layout {
         self.layout
     }

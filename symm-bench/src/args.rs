@@ -220,6 +220,12 @@ pub enum AlgoChoice {
     /// NCCL's ncclAllReduce, the baseline.
     #[value(name = "nccl")]
     Nccl,
+    /// Opt-in, never in the default list: the zero-copy in-place call on the NVLS multimem
+    /// kernel. The communicators are then built with `Config::multicast = Required`, so the
+    /// run stops with the reason where no multicast object can be set up (no NVSwitch, a veto
+    /// variable such as NCCL_NVLS_ENABLE=0, or the device attribute 0). docs/multicast.md.
+    #[value(name = "multimem", alias = "nvls")]
+    Multimem,
 }
 
 impl AlgoChoice {
@@ -232,6 +238,7 @@ impl AlgoChoice {
             AlgoChoice::Auto => Some(Algorithm::Auto),
             // The in-place kernel launches the two-shot grid.
             AlgoChoice::Symmetric => Some(Algorithm::TwoShot),
+            AlgoChoice::Multimem => Some(Algorithm::Multimem),
             AlgoChoice::Nccl => None,
         }
     }
@@ -245,6 +252,7 @@ impl AlgoChoice {
             AlgoChoice::Auto => "auto",
             AlgoChoice::Symmetric => "symmetric",
             AlgoChoice::Nccl => "nccl",
+            AlgoChoice::Multimem => "multimem",
         }
     }
 }
@@ -491,6 +499,12 @@ impl RunPlan {
             low_latency_max_bytes: self.low_latency_max,
             pdl: self.pdl,
             check_divergence: self.check_divergence,
+            // Only when multimem rows are asked for (opt-in; see AlgoChoice::Multimem).
+            multicast: if self.algos.contains(&AlgoChoice::Multimem) {
+                symm_allreduce::Multicast::Required
+            } else {
+                symm_allreduce::Multicast::Off
+            },
             ..symm_allreduce::Config::default()
         }
     }

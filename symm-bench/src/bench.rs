@@ -529,9 +529,11 @@ impl Bench {
     ) -> Result<(), BenchError> {
         let dtype = T::DTYPE;
         let world = self.world();
-        let symmetric = algo == AlgoChoice::Symmetric;
+        let symmetric = matches!(algo, AlgoChoice::Symmetric | AlgoChoice::Multimem);
         let kernel = self.comms[0].plan(len, dtype, algorithm);
-        let kernel_name = if symmetric {
+        let kernel_name = if algo == AlgoChoice::Multimem {
+            "in_place_mm"
+        } else if symmetric {
             "in_place"
         } else {
             kernel.algorithm.name()
@@ -548,7 +550,7 @@ impl Bench {
         }
         if symmetric {
             for (c, s) in self.comms.iter().zip(&self.streams) {
-                c.all_reduce_symmetric::<T>(len, s)?;
+                c.all_reduce_symmetric_with::<T>(len, s, algorithm)?;
             }
             for (r, out) in b.outputs.iter_mut().enumerate() {
                 self.comms[r].copy_from_symmetric(out, &self.streams[r])?;
@@ -569,7 +571,7 @@ impl Bench {
             let mut real = || -> Result<(), BenchError> {
                 for (r, out) in outputs.iter_mut().enumerate() {
                     if symmetric {
-                        comms[r].all_reduce_symmetric::<T>(len, &streams[r])?;
+                        comms[r].all_reduce_symmetric_with::<T>(len, &streams[r], algorithm)?;
                     } else {
                         comms[r].all_reduce_with(&inputs[r], out, &streams[r], algorithm)?;
                     }

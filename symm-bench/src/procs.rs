@@ -28,7 +28,9 @@ use indicatif::ProgressBar;
 use symm_allreduce::__codec::{Reader, Wire, Writer};
 use symm_allreduce::cudarc::driver::{CudaSlice, CudaStream};
 use symm_allreduce::cudarc::nccl::{Comm, Id};
-use symm_allreduce::{Algorithm, Bootstrap, Communicator, Config, DType, SocketStore, StoreAddress};
+use symm_allreduce::{
+    Algorithm, Bootstrap, Communicator, Config, DType, Multicast, SocketStore, StoreAddress,
+};
 
 use crate::args::{format_size, round_to_elements, AlgoChoice, Args, Mode, RunPlan, ONE_SHOT_SWEEP_MAX};
 use crate::bench::{self, measure, BenchError, Measured, Placement};
@@ -587,6 +589,12 @@ fn rank_main(args: &Args, env: &ChildEnv) -> Result<ExitCode, Stop> {
             } else {
                 Config::default().timeout
             },
+            // Only when multimem rows are asked for (opt-in; see AlgoChoice::Multimem).
+            multicast: if plan.algos.contains(&AlgoChoice::Multimem) {
+                Multicast::Required
+            } else {
+                Multicast::Off
+            },
             ..Config::default()
         };
         let (comm, nccl) = communicator(&store, &ctx, &stream, env, config)?;
@@ -814,13 +822,16 @@ impl RankBench {
     ) -> Result<(), BenchError> {
         let dtype = T::DTYPE;
         let len = input.len();
-        let (symmetric, nccl) = (algo == AlgoChoice::Symmetric, algo == AlgoChoice::Nccl);
+        let symmetric = matches!(algo, AlgoChoice::Symmetric | AlgoChoice::Multimem);
+        let nccl = algo == AlgoChoice::Nccl;
         let algorithm = algo.symm().unwrap_or(Algorithm::Nccl);
         let (kernel, blocks) = if nccl {
             ("nccl", None)
         } else {
             let grid = self.comm.plan(len, dtype, algorithm);
-            let name = if symmetric {
+            let name = if algo == AlgoChoice::Multimem {
+                "in_place_mm"
+            } else if symmetric {
                 "in_place"
             } else {
                 grid.algorithm.name()
@@ -844,7 +855,7 @@ impl RankBench {
         barrier(store)?;
         if symmetric {
             comm.copy_to_symmetric(input, stream)?;
-            comm.all_reduce_symmetric::<T>(len, stream)?;
+            comm.all_reduce_symmetric_with::<T>(len, stream, algorithm)?;
             comm.copy_from_symmetric(output, stream)?;
         } else {
             comm.all_reduce_with(input, output, stream, algorithm)?;
@@ -865,7 +876,7 @@ impl RankBench {
             // Timed symmetric rounds reduce the buffer in place again and again (see bench.rs).
             let mut real = || -> Result<(), BenchError> {
                 if symmetric {
-                    comm.all_reduce_symmetric::<T>(len, stream)?;
+                    comm.all_reduce_symmetric_with::<T>(len, stream, algorithm)?;
                 } else {
                     comm.all_reduce_with(input, &mut *output, stream, algorithm)?;
                 }

@@ -1,0 +1,218 @@
+//! The multimem (NVLS) kernels checked in the compiled code, on the CPU (they are never run on
+//! this project's machines): the embedded compute_90 PTX and the `ptxas -v` report.
+//!
+//! - 16-bit reductions accumulate in fp32 (`.acc::f32`), never the bf16-accumulating form;
+//!   f32 uses `.add.v4.f32`; `multimem.red` is never used for data, only on the u64 signal
+//!   counter, with release semantics at system scope; no multimem at `.gpu`/`.cta` scope;
+//! - the multimem and the unicast instantiations of the in-place body call the collective
+//!   policy in the same order (the `symm-policy` markers);
+//! - the sm_80 code has no multimem kernel (ptxas compiled none for sm_80).
+
+fn kernels_or_skip(test: &str) -> bool {
+    if symm_allreduce::kernels_available() {
+        return true;
+    }
+    let required = std::env::var("SYMM_ALLREDUCE_REQUIRE_KERNELS").is_ok_and(|v| v == "1");
+    assert!(!required, "{test}: the kernels were not compiled into this build");
+    eprintln!("SKIP {test}: kernels not compiled (no nvcc at build time)");
+    false
+}
+
+const DTYPES: [&str; 3] = ["f32", "f16", "bf16"];
+
+/// The PTX body of entry `name` (from its `.entry` line to the next `.entry`).
+fn entry(name: &str) -> &'static str {
+    let ptx = symm_allreduce::embedded_ptx();
+    let start = ptx
+        .find(&format!(".entry {name}("))
+        .unwrap_or_else(|| panic!("entry {name} not in the PTX"));
+    let rest = &ptx[start + 1..];
+    let end = rest.find(".entry ").map_or(ptx.len(), |e| start + 1 + e);
+    &ptx[start..end]
+}
+
+/// Instructions (a leading predicate dropped) that start with `prefix`.
+fn lines_with<'a>(body: &'a str, prefix: &str) -> Vec<&'a str> {
+    body.lines()
+        .map(str::trim)
+        .map(|l| match l.strip_prefix('@') {
+            Some(p) => p
+                .split_once(char::is_whitespace)
+                .map_or("", |(_, rest)| rest.trim_start()),
+            None => l,
+        })
+        .filter(|l| l.starts_with(prefix))
+        .collect()
+}
+
+/// The ordered `symm-policy` markers of one entry.
+fn markers(body: &str) -> Vec<&str> {
+    body.lines()
+        .filter_map(|l| l.trim().strip_prefix("// symm-policy: "))
+        .map(str::trim)
+        .collect()
+}
+
+#[test]
+fn sixteen_bit_reductions_accumulate_in_fp32_and_f32_uses_add_v4_f32() {
+    if !kernels_or_skip("sixteen_bit_reductions_accumulate_in_fp32_and_f32_uses_add_v4_f32") {
+        return;
+    }
+    for (dtype, form) in [("f16", "f16x2"), ("bf16", "bf16x2"), ("f32", "f32")] {
+        let body = entry(&format!("symm_in_place_mm_{dtype}"));
+        let reduces = lines_with(body, "multimem.ld_reduce");
+        assert!(!reduces.is_empty(), "{dtype}: no multimem.ld_reduce");
+        for l in &reduces {
+            assert!(l.contains(".relaxed.sys.global.add"), "{dtype}: {l}");
+            if dtype == "f32" {
+                assert!(l.contains(".add.v4.f32") && !l.contains(".acc::"), "{dtype}: {l}");
+            } else {
+                // The fp32-accumulating form; the bf16-accumulating one lacks `.acc::f32`.
+                assert!(l.contains(&format!(".add.acc::f32.v4.{form}")), "{dtype}: {l}");
+            }
+        }
+        let stores = lines_with(body, "multimem.st");
+        assert!(!stores.is_empty(), "{dtype}: no multimem.st");
+        for l in &stores {
+            assert!(
+                l.starts_with("multimem.st.relaxed.sys.global.v4."),
+                "{dtype}: {l}"
+            );
+        }
+    }
+    // Nowhere in the PTX: a 16-bit ld_reduce without .acc::f32.
+    for l in lines_with(symm_allreduce::embedded_ptx(), "multimem.ld_reduce") {
+        if l.contains("f16x2") || l.contains("bf16x2") {
+            assert!(l.contains(".acc::f32"), "bf16/f16-accumulating form: {l}");
+        }
+    }
+}
+
+#[test]
+fn multimem_red_only_signals_the_u64_counter_with_release_at_system_scope() {
+    if !kernels_or_skip("multimem_red_only_signals_the_u64_counter_with_release_at_system_scope") {
+        return;
+    }
+    let ptx = symm_allreduce::embedded_ptx();
+    let reds = lines_with(ptx, "multimem.red");
+    // Two barriers per dtype (start and end) in the in-place body.
+    assert!(reds.len() >= 2 * DTYPES.len(), "{reds:?}");
+    for l in &reds {
+        assert!(l.starts_with("multimem.red.release.sys.global.add.u64 "), "{l}");
+        assert!(
+            !l.contains("16x2") && !l.contains("f32"),
+            "multimem.red on data: {l}"
+        );
+    }
+    for l in lines_with(ptx, "multimem.") {
+        assert!(
+            !l.contains(".gpu") && !l.contains(".cta"),
+            "multimem below system scope: {l}"
+        );
+        assert!(l.contains(".sys."), "multimem without system scope: {l}");
+    }
+    // The counter wait: an acquire load at system scope, and the proxy fences around it.
+    for dtype in DTYPES {
+        let body = entry(&format!("symm_in_place_mm_{dtype}"));
+        assert!(
+            !lines_with(body, "ld.acquire.sys.global.u64").is_empty(),
+            "{dtype}"
+        );
+        assert!(lines_with(body, "fence.proxy.alias").len() >= 2, "{dtype}");
+        assert!(body.contains("%globaltimer"), "{dtype}: unbounded wait");
+    }
+}
+
+#[test]
+fn unicast_and_multimem_instantiations_call_the_policy_in_the_same_order() {
+    if !kernels_or_skip("unicast_and_multimem_instantiations_call_the_policy_in_the_same_order") {
+        return;
+    }
+    for dtype in DTYPES {
+        let unicast = markers(entry(&format!("symm_in_place_{dtype}")));
+        let multimem = markers(entry(&format!("symm_in_place_mm_{dtype}")));
+        assert!(
+            unicast.len() >= 5,
+            "{dtype}: markers missing from the unicast instantiation: {unicast:?}"
+        );
+        for m in ["barrier", "load_reduce", "broadcast_store", "load_reduce_element"] {
+            assert!(unicast.contains(&m), "{dtype}: {m} not in {unicast:?}");
+        }
+        assert_eq!(
+            unicast, multimem,
+            "{dtype}: the two policies run different bodies"
+        );
+        // The unicast instantiation has no multimem at all.
+        assert!(lines_with(entry(&format!("symm_in_place_{dtype}")), "multimem.").is_empty());
+    }
+}
+
+#[test]
+fn the_sm80_code_has_no_multimem_kernel() {
+    if !kernels_or_skip("the_sm80_code_has_no_multimem_kernel") {
+        return;
+    }
+    // ptxas reports every entry it compiles per target; the multimem source is compiled only
+    // for sm_90 and newer (`// symm: min-arch 90`), so no multimem instruction reaches sm_80
+    // SASS. (The fatbin's sm_80 cubin is not disassembled here: the pinned toolchain has no
+    // cuobjdump; the report is what ptxas produced for it.)
+    let report = symm_allreduce::ptxas_report();
+    let compiled: Vec<&str> = report
+        .lines()
+        .filter_map(|l| l.split("Compiling entry function '").nth(1))
+        .collect();
+    let archs_of = |name: &str| -> Vec<&str> {
+        compiled
+            .iter()
+            .filter(|l| l.starts_with(&format!("{name}'")))
+            .filter_map(|l| l.split("for '").nth(1))
+            .map(|a| a.trim_end_matches('\''))
+            .collect()
+    };
+    for dtype in DTYPES {
+        let mm = archs_of(&format!("symm_in_place_mm_{dtype}"));
+        assert!(
+            mm.contains(&"sm_90"),
+            "{dtype}: multimem kernel not compiled for sm_90: {mm:?}"
+        );
+        assert!(
+            !mm.contains(&"sm_80"),
+            "{dtype}: multimem kernel compiled for sm_80: {mm:?}"
+        );
+        let uni = archs_of(&format!("symm_in_place_{dtype}"));
+        assert!(
+            uni.contains(&"sm_80") && uni.contains(&"sm_90"),
+            "{dtype}: {uni:?}"
+        );
+    }
+    // And the multimem source guards every instruction itself.
+    let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/kernels/multimem.cuh")).unwrap();
+    assert!(src.contains("__CUDA_ARCH__ >= 900"));
+    let cu = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/kernels/multimem.cu")).unwrap();
+    assert!(cu.lines().take(20).any(|l| l.trim() == "// symm: min-arch 90"));
+}
+
+#[test]
+fn the_multimem_kernels_spill_nothing() {
+    if !kernels_or_skip("the_multimem_kernels_spill_nothing") {
+        return;
+    }
+    let report = symm_allreduce::ptxas_report();
+    let mut seen = 0;
+    let lines: Vec<&str> = report.lines().collect();
+    for (i, l) in lines.iter().enumerate() {
+        if l.contains("Compiling entry function 'symm_in_place_mm_") {
+            seen += 1;
+            let props = lines[i + 1..]
+                .iter()
+                .take(3)
+                .find(|p| p.contains("stack frame"))
+                .unwrap();
+            assert!(
+                props.contains("0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"),
+                "{l}: {props}"
+            );
+        }
+    }
+    assert!(seen >= DTYPES.len(), "{seen}");
+}
