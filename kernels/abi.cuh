@@ -25,15 +25,22 @@ struct SymmArgs {
     uint64_t timeout_ns;     // bound on every wait
     uint32_t rank;
     uint32_t world;
+    // Zero-copy pool calls: a digest of the buffer's allocation (sequence number, offset,
+    // bytes, dtype) and of the call (view offset, length), the same on every rank when every
+    // rank made the same sequence of allocations (0 for the legacy symmetric buffer). The
+    // zero-copy kernel publishes it and compares it with every peer's before touching any data
+    // (kernels/pool.cuh). The other kernels ignore it.
+    uint64_t pool_tag;
 };
 
-static_assert(sizeof(SymmArgs) == 88, "SymmArgs: ten u64 then two u32, as in src/kernels/abi.rs");
+static_assert(sizeof(SymmArgs) == 96, "SymmArgs: ten u64, two u32, then pool_tag, as in src/kernels/abi.rs");
 static_assert(alignof(SymmArgs) == 8, "SymmArgs is 8-aligned");
 static_assert(offsetof(SymmArgs, ll_offset) == 48, "SymmArgs::ll_offset");
 static_assert(offsetof(SymmArgs, error) == 64, "SymmArgs::error");
 static_assert(offsetof(SymmArgs, timeout_ns) == 72, "SymmArgs::timeout_ns");
 static_assert(offsetof(SymmArgs, rank) == 80, "SymmArgs::rank");
 static_assert(offsetof(SymmArgs, world) == 84, "SymmArgs::world");
+static_assert(offsetof(SymmArgs, pool_tag) == 88, "SymmArgs::pool_tag");
 
 constexpr uint32_t MAX_RANKS = 8;
 constexpr uint32_t MAX_BLOCKS = 64;
@@ -42,6 +49,11 @@ constexpr uint32_t THREADS = 512;
 
 // Error word layout (decoded by src/kernels/abi.rs): kind | phase << 8 | peer << 16.
 constexpr uint32_t ERROR_PEER_TIMEOUT = 1;
+// A zero-copy pool call whose pool tag differs between ranks (peer: the first rank whose tag
+// differs from this rank's): the ranks' allocation sequences diverged.
+constexpr uint32_t ERROR_POOL_MISMATCH = 2;
+// The last POOL_TAG_BYTES of every rank's allocation hold the pool tags, [parity 2] of u64.
+constexpr uint32_t POOL_TAG_BYTES = 256;
 
 // Barrier phases, as reported in the error word (src/error.rs BarrierPhase).
 enum Phase : uint32_t { PHASE_START = 0, PHASE_MIDDLE = 1, PHASE_END = 2, PHASE_ARRIVAL = 3 };

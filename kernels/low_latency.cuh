@@ -4,19 +4,20 @@
 #include "elements.cuh"
 #include "memory.cuh"
 #include "signals.cuh"
+#include "unaligned.cuh"
 
 namespace symm {
 
 // Line `l` (8 bytes) of the input, zero-padded past element n.
 template <typename T>
-__device__ __forceinline__ Half<T> load_line(const T* in, uint64_t n, uint64_t l) {
+__device__ __forceinline__ Half<T> load_line(const T* in, uint64_t n, uint64_t l, bool aligned) {
     constexpr uint32_t PER_LINE = 8 / sizeof(T);
     Half<T> h;
-    if ((l + 1) * PER_LINE <= n) {
+    if (aligned && (l + 1) * PER_LINE <= n) {
         h.bits = reinterpret_cast<const uint2*>(in)[l];
         return h;
     }
-    // Tail: assemble the words from raw element bits (constant indices keep it in registers).
+    // Tail or unaligned view: assemble the words from raw element bits (constant indices keep it in registers).
     uint32_t w0 = 0, w1 = 0;
 #pragma unroll
     for (uint32_t e = 0; e < PER_LINE; ++e) {
@@ -45,13 +46,14 @@ __device__ __forceinline__ void one_shot_ll(const T* in, T* out, uint64_t n, con
     const uint64_t lines = (n + PER_LINE - 1) / PER_LINE;
     const uint64_t first = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+    const bool in_aligned = is_aligned(in, 8), out_aligned = is_aligned(out, 8);
     // Input load of the first line before reading the epoch: the two latencies overlap.
-    const Half<T> first_line = load_line(in, n, first);
+    const Half<T> first_line = load_line(in, n, first, in_aligned);
     const uint32_t epoch = begin_call(a);
     const uint32_t parity = epoch & 1;
 
     for (uint64_t l = first; l < lines; l += step) {
-        const Half<T> h = l == first ? first_line : load_line(in, n, l);
+        const Half<T> h = l == first ? first_line : load_line(in, n, l, in_aligned);
 #pragma unroll
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
             if (q < a.world) st_line_sys(ll_line(a, q, parity, a.rank, l), h.bits.x, h.bits.y, epoch);
@@ -99,7 +101,7 @@ __device__ __forceinline__ void one_shot_ll(const T* in, T* out, uint64_t n, con
         Half<T> r;
 #pragma unroll
         for (uint32_t e = 0; e < PER_LINE; ++e) r.elems[e] = Elem<T>::from_float(acc[e]);
-        if ((l + 1) * PER_LINE <= n) {
+        if (out_aligned && (l + 1) * PER_LINE <= n) {
             reinterpret_cast<uint2*>(out)[l] = r.bits;
         } else {
 #pragma unroll

@@ -21,7 +21,7 @@ using symm::SymmArgs;
 #define SYMM_KERNELS(SUFFIX, T)                                                                  \
     SYMM_ENTRY(one_shot, SUFFIX, T, (symm::one_shot<T>(in, out, n, a)))                          \
     SYMM_ENTRY(two_shot, SUFFIX, T, (symm::two_shot<T>(in, out, n, a)))                          \
-    SYMM_ENTRY(in_place, SUFFIX, T, (symm::in_place<symm::UnicastColl, T>(n, a)))                \
+    SYMM_ENTRY(in_place, SUFFIX, T, (symm::in_place<symm::UnicastColl, T>(in, n, a)))                \
     SYMM_ENTRY(one_shot_ll, SUFFIX, T, (symm::one_shot_ll<T>(in, out, n, a)))
 
 SYMM_FOR_EACH_DTYPE(SYMM_KERNELS)

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "reduce.cuh"
+#include "unaligned.cuh"
 
 namespace symm {
 
@@ -15,8 +16,7 @@ __device__ __forceinline__ void two_shot(const T* in, T* out, uint64_t n, const 
     const uint64_t packs = n / Elem<T>::PER_PACK;
     const uint64_t slice = (packs + a.world - 1) / a.world;
     const PackLoop loop;
-    const uint4* src = reinterpret_cast<const uint4*>(in);
-    uint4* dst = reinterpret_cast<uint4*>(out);
+    const bool in_aligned = is_aligned(in, 16), out_aligned = is_aligned(out, 16);
     uint4* mine = reinterpret_cast<uint4*>(data_buffer(a, a.rank, parity));
     const char* rank0 = data_buffer(a, 0, parity);
 
@@ -25,7 +25,7 @@ __device__ __forceinline__ void two_shot(const T* in, T* out, uint64_t n, const 
     for (uint64_t i = loop.first; i < slice; i += loop.step) {
         for (uint32_t q = 0; q < a.world; ++q) {
             const uint64_t p = q * slice + i;
-            if (p < packs) mine[p] = src[p];
+            if (p < packs) mine[p] = load_pack(in, p, in_aligned);
         }
     }
     copy_tail_in(a, parity, in, n);
@@ -39,7 +39,7 @@ __device__ __forceinline__ void two_shot(const T* in, T* out, uint64_t n, const 
         if (p < packs) {
             const uint4 r = sum_ranks<T>(a, rank0, p);
             mine[p] = r;
-            dst[p] = r;
+            store_pack(out, p, r, out_aligned);
         }
     }
     sum_tail(a, parity, out, n);
@@ -56,7 +56,7 @@ __device__ __forceinline__ void two_shot(const T* in, T* out, uint64_t n, const 
 #pragma unroll
             for (uint32_t q = 0; q < MAX_RANKS; ++q) {
                 const uint64_t p = q * slice + i;
-                if (q < a.world && q != a.rank && p < packs) dst[p] = v[q];
+                if (q < a.world && q != a.rank && p < packs) store_pack(out, p, v[q], out_aligned);
             }
         }
     }

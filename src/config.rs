@@ -91,6 +91,11 @@ pub struct Config {
     /// (which the communicator must then have). For measuring NCCL behind the same API, and
     /// for testing the fallback where the kernels would run.
     pub peer_kernels: bool,
+    /// Bytes of the symmetric pool that [`crate::Communicator::alloc_symmetric`] carves
+    /// buffers from (rounded up to 256 bytes; 0: no pool). Each rank allocates this much
+    /// besides the workspace; every peer maps it. The pool does not grow (see the README's
+    /// "zero-copy" section).
+    pub pool_bytes: usize,
 }
 
 impl Default for Config {
@@ -104,6 +109,7 @@ impl Default for Config {
             timeout: Duration::from_secs(10),
             nccl_above_bytes: None,
             peer_kernels: true,
+            pool_bytes: 64 << 20,
         }
     }
 }
@@ -118,6 +124,12 @@ impl Config {
             return Err(Error::InvalidConfig(format!(
                 "capacity_bytes {} is above 1 TiB",
                 self.capacity_bytes
+            )));
+        }
+        if self.pool_bytes > (1usize << 40) {
+            return Err(Error::InvalidConfig(format!(
+                "pool_bytes {} is above 1 TiB",
+                self.pool_bytes
             )));
         }
         if !(1..=MAX_BLOCKS).contains(&self.max_blocks_per_rank) {
@@ -172,6 +184,7 @@ impl Config {
             timeout,
             nccl_above_bytes,
             peer_kernels,
+            pool_bytes,
         } = self;
         let mut w = Writer::with_capacity(64);
         w.put(capacity_bytes)
@@ -181,7 +194,8 @@ impl Config {
             .put(low_latency_max_bytes)
             .put(&(timeout.as_nanos().min(u64::MAX as u128) as u64))
             .put(nccl_above_bytes)
-            .put(peer_kernels);
+            .put(peer_kernels)
+            .put(pool_bytes);
         w.finish()
     }
 }
@@ -208,6 +222,10 @@ mod tests {
             },
             Config {
                 timeout: Duration::ZERO,
+                ..Config::default()
+            },
+            Config {
+                pool_bytes: (1 << 40) + 1,
                 ..Config::default()
             },
         ] {
@@ -254,6 +272,10 @@ mod tests {
             },
             Config {
                 peer_kernels: false,
+                ..base.clone()
+            },
+            Config {
+                pool_bytes: 1 << 20,
                 ..base.clone()
             },
         ];

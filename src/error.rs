@@ -124,8 +124,11 @@ pub enum Error {
         capacity: usize,
     },
 
-    /// A buffer is not 16-byte aligned.
-    #[error("{which} buffer at {address:#x} is not 16-byte aligned: the kernels move 16-byte packs")]
+    /// A buffer is not aligned to its element size (a view at any element offset of a
+    /// typed buffer is; only a raw address can be misaligned).
+    #[error(
+        "{which} buffer at {address:#x} is not aligned to its element size: pass a typed buffer or a view of one"
+    )]
     Misaligned {
         /// "input" or "output".
         which: &'static str,
@@ -223,6 +226,50 @@ pub enum Error {
     NcclUnavailable {
         /// Why there is no fallback (and what path would have been taken).
         reason: String,
+    },
+
+    /// The symmetric pool has no free region large enough for an allocation.
+    #[error(
+        "the symmetric pool cannot hold {requested} more bytes: {free} of {capacity} bytes are free, the \
+         largest free region holds {largest}; drop pool buffers you no longer need or raise Config::pool_bytes"
+    )]
+    PoolExhausted {
+        /// Bytes asked for (rounded up to the pool's 256-byte alignment).
+        requested: usize,
+        /// The largest free region.
+        largest: usize,
+        /// All free bytes.
+        free: usize,
+        /// `Config::pool_bytes`, as laid out.
+        capacity: usize,
+    },
+
+    /// A pool buffer of another communicator was passed where this communicator's pool
+    /// buffer is required.
+    #[error(
+        "this pool buffer belongs to another communicator (pool {found}, this one is pool {expected}): \
+         allocate it with this communicator's alloc_symmetric, or pass it to all_reduce as an ordinary buffer"
+    )]
+    ForeignPoolBuffer {
+        /// This communicator's pool id.
+        expected: u64,
+        /// The buffer's pool id.
+        found: u64,
+    },
+
+    /// A zero-copy pool call found that the ranks' pool buffers differ: the ranks did not make
+    /// the same sequence of `alloc_symmetric` calls (or passed different buffers or views).
+    /// Nothing was read or written; the communicator is poisoned.
+    #[error(
+        "rank {rank}: the pool buffer of this zero-copy call differs from rank {peer}'s (allocation sequence \
+         number, offset, size, dtype or view): every rank must make the same sequence of alloc_symmetric calls \
+         and drops, and pass the same buffer; nothing was reduced, create a new communicator"
+    )]
+    PoolMismatch {
+        /// The rank that reports it.
+        rank: usize,
+        /// The first rank whose buffer differs from this one's.
+        peer: usize,
     },
 
     /// A socket-store address without a launch secret (or with a malformed one).

@@ -53,7 +53,7 @@ pub mod __codec {
 pub use bootstrap::{
     Bootstrap, LocalHub, NcclBootstrap, PeerCheck, PeerCredentials, SocketStore, StoreAddress, StoreOptions,
 };
-pub use communicator::{Communicator, LOG_ENV};
+pub use communicator::{Communicator, SymmetricTensor, LOG_ENV};
 pub use config::{validate_world, Algorithm, Config};
 pub use driver::probe::{context, device_count};
 pub use dtype::{DType, Element};

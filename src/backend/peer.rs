@@ -1,6 +1,7 @@
 //! The peer-kernel data path: the symmetric workspace, the error word its kernels report
 //! through, the kernel table, and the argument block every launch passes.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::{CudaFunction, CudaStream};
@@ -19,8 +20,9 @@ use crate::symmetric::{Layout, Workspace, DATA_OFFSET, SIGNAL_OFFSET, STATE_OFFS
 /// The symmetric workspace and the kernels that use it.
 #[derive(Debug)]
 pub(crate) struct PeerBackend {
-    // Field order is drop order: unmap before freeing the error word.
-    workspace: Workspace,
+    // Field order is drop order: unmap before freeing the error word. The workspace is shared
+    // with the symmetric pool's buffers, which keep it mapped while they live.
+    workspace: Arc<Workspace>,
     error: ErrorWord,
     kernels: Kernels,
     args: SymmArgs,
@@ -49,9 +51,10 @@ impl PeerBackend {
             timeout_ns: config.timeout.as_nanos().min(u64::MAX as u128) as u64,
             rank: rank as u32,
             world: world as u32,
+            pool_tag: 0,
         };
         PeerBackend {
-            workspace,
+            workspace: Arc::new(workspace),
             error,
             kernels,
             args,
@@ -60,6 +63,11 @@ impl PeerBackend {
 
     pub(crate) fn layout(&self) -> Layout {
         self.workspace.layout()
+    }
+
+    /// The workspace, for the symmetric pool (its buffers keep it mapped).
+    pub(crate) fn workspace(&self) -> &Arc<Workspace> {
+        &self.workspace
     }
 
     /// This rank's symmetric buffer.
@@ -75,39 +83,43 @@ impl PeerBackend {
         }
     }
 
-    /// Launches `kernel` over the call's buffers. The caller validated the shape (16-byte
-    /// aligned buffers of `input_len` elements on this rank's device) and made the context
-    /// current.
-    pub(crate) fn launch(
+    /// Launches `kernel` over the call's buffers, with a pool tag (kernels/pool.cuh; 0 off
+    /// the pool: the zero-copy kernel compares it across ranks before touching the buffer).
+    /// The caller validated the shape (buffers of `input_len` elements, aligned to their
+    /// element, on this rank's device) and made the context current.
+    pub(crate) fn launch_tagged(
         &self,
         kernel: Kernel,
         plan: Plan,
         call: &CallShape,
+        pool_tag: u64,
         stream: &CudaStream,
     ) -> Result<()> {
         let func = self.kernels.get(kernel, call.dtype)?;
+        let args = SymmArgs {
+            pool_tag,
+            ..self.args
+        };
         self.launch_function(
             func,
             plan,
-            call.input_addr,
-            call.output_addr,
-            call.input_len,
+            (call.input_addr, call.output_addr, call.input_len),
+            &args,
             stream,
         )
     }
 
     /// Launches the body-less kernel with `plan`'s grid.
     pub(crate) fn launch_empty(&self, plan: Plan, stream: &CudaStream) -> Result<()> {
-        self.launch_function(self.kernels.empty(), plan, 0, 0, 0, stream)
+        self.launch_function(self.kernels.empty(), plan, (0, 0, 0), &self.args, stream)
     }
 
     fn launch_function(
         &self,
         func: &CudaFunction,
         plan: Plan,
-        input: u64,
-        output: u64,
-        len: usize,
+        (input, output, len): (u64, u64, usize),
+        args: &SymmArgs,
         stream: &CudaStream,
     ) -> Result<()> {
         // SAFETY: every kernel of the table (and the empty one) takes (const T*, T*, u64,
@@ -121,7 +133,7 @@ impl PeerBackend {
                 input,
                 output,
                 len,
-                &self.args,
+                args,
                 stream,
             )
         }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 
-use super::{Communicator, Paths};
+use super::{Communicator, Paths, SymmetricTensor};
 use crate::config::Algorithm;
 use crate::driver::nvtx;
 use crate::dtype::{DType, Element};
@@ -56,10 +56,15 @@ impl Communicator {
             output_addr: out_ptr,
             ..shape
         };
-        self.run::<T>(&shape, &route, stream)
+        self.run::<T>(&shape, &route, 0, stream)
     }
 
-    /// Sums `buffer` over all ranks in place.
+    /// Sums `buffer` over all ranks in place. With `Algorithm::Auto`, a 16-byte aligned
+    /// buffer (or view) that lies inside one of this communicator's pool buffers
+    /// ([`alloc_symmetric`](Self::alloc_symmetric)) is reduced zero-copy: the in-place kernel
+    /// reads every rank's copy of it directly ([`pool_path`](Self::pool_path) says where it
+    /// goes). Anything else, a pool buffer of another communicator included, is an ordinary
+    /// buffer: copied in, at any element offset.
     pub fn all_reduce_in_place<T: Element>(
         &self,
         buffer: &mut impl DevicePtrMut<T>,
@@ -71,13 +76,41 @@ impl Communicator {
         let device = buffer.stream().context().ordinal();
         let stream_device = stream.context().ordinal();
         validate_lengths(&CallShape::in_place(T::DTYPE, len, 0, device, stream_device))?;
-        let route = self.route(CallKind::Buffers, len, T::DTYPE, algorithm)?;
         let (ptr, _write) = buffer.device_ptr_mut(stream);
-        self.run::<T>(
-            &CallShape::in_place(T::DTYPE, len, ptr, device, stream_device),
-            &route,
-            stream,
-        )
+        let shape = CallShape::in_place(T::DTYPE, len, ptr, device, stream_device);
+        let tag = match algorithm {
+            Algorithm::Auto => self.zero_copy_tag(ptr, len * T::DTYPE.size()),
+            _ => None,
+        };
+        let (kind, tag) = match tag {
+            Some(tag) => (CallKind::Pool, tag),
+            None => (CallKind::Buffers, 0),
+        };
+        let route = self.route(kind, len, T::DTYPE, algorithm)?;
+        self.run::<T>(&shape, &route, tag, stream)
+    }
+
+    /// Sums a buffer of this communicator's symmetric pool over all ranks, in place and
+    /// zero-copy ([`pool_path`](Self::pool_path)): every rank passes its buffer of the same
+    /// allocation. The agreement is checked on the device before any data is touched; a
+    /// divergence is [`Error::PoolMismatch`] on every rank (reported by this call or the next,
+    /// as a peer timeout is), nothing reduced. A pool buffer of another communicator is
+    /// refused with [`Error::ForeignPoolBuffer`] (pass it to
+    /// [`all_reduce_in_place`](Self::all_reduce_in_place) to reduce it as an ordinary buffer).
+    pub fn all_reduce_pool<T: Element>(
+        &self,
+        buffer: &mut SymmetricTensor<T>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.check_usable()?;
+        let pool = self.pool()?;
+        if buffer.pool_id() != pool.id() {
+            return Err(Error::ForeignPoolBuffer {
+                expected: pool.id(),
+                found: buffer.pool_id(),
+            });
+        }
+        self.all_reduce_in_place(buffer, stream, Algorithm::Auto)
     }
 
     /// Device address of this rank's symmetric buffer: [`crate::Layout::data_bytes`] bytes
@@ -106,7 +139,7 @@ impl Communicator {
         let shape = CallShape::in_place(T::DTYPE, len, ptr, self.device(), stream.context().ordinal());
         validate_call(&shape, self.device(), self.config.capacity_bytes)?;
         let route = self.route(CallKind::Symmetric, len, T::DTYPE, Algorithm::Auto)?;
-        self.run::<T>(&shape, &route, stream)
+        self.run::<T>(&shape, &route, 0, stream)
     }
 
     /// Copies `src` to the start of this rank's symmetric buffer (asynchronously, capturable).
@@ -212,8 +245,15 @@ impl Communicator {
         Ok(())
     }
 
-    /// Validates placement for the route's target and runs it.
-    fn run<T: Element>(&self, shape: &CallShape, route: &Route, stream: &Arc<CudaStream>) -> Result<()> {
+    /// Validates placement for the route's target and runs it (`pool_tag`: see
+    /// kernels/pool.cuh; 0 off the pool).
+    fn run<T: Element>(
+        &self,
+        shape: &CallShape,
+        route: &Route,
+        pool_tag: u64,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
         let _range = nvtx::Range::new(|| {
             format!(
                 "symm all_reduce {} {} {} B",
@@ -228,7 +268,7 @@ impl Communicator {
                 let peer = self.peer()?;
                 self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
                 self.order_after_previous_call(stream)?;
-                peer.launch(kernel, plan, shape, stream)
+                peer.launch_tagged(kernel, plan, shape, pool_tag, stream)
             }
             Target::Nccl => {
                 validate_placement(shape, self.device(), false)?;

@@ -4,6 +4,9 @@
 
 mod call;
 mod local_group;
+mod pool;
+
+pub use pool::SymmetricTensor;
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -71,6 +74,8 @@ enum Paths {
 pub struct Communicator {
     // Field order is drop order: after `Drop` synchronised, the data paths go first.
     paths: Paths,
+    /// The symmetric pool (`None` without peer kernels or with `Config::pool_bytes` 0).
+    pool: Option<Arc<pool::Pool>>,
     ctx: Arc<CudaContext>,
     rank: usize,
     world: usize,
@@ -170,9 +175,14 @@ impl Communicator {
             .ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
             .during("cuEventCreate")?;
+        let pool = match &paths {
+            Paths::Peer { peer, .. } => pool::Pool::new(peer.workspace(), s.rank),
+            Paths::NcclOnly { .. } => None,
+        };
         let comm = Communicator {
             order: RefCell::new(StreamOrder { last: None, event }),
             paths,
+            pool,
             ctx: s.ctx,
             rank: s.rank,
             world: s.world,
@@ -235,6 +245,14 @@ impl Communicator {
     /// the same.
     pub fn path(&self, len: usize, dtype: DType, algorithm: Algorithm) -> Result<PathDecision> {
         self.explain(CallKind::Buffers, len, dtype, algorithm)
+    }
+
+    /// Where a zero-copy call on a pool buffer of `len` elements goes
+    /// ([`all_reduce_pool`](Self::all_reduce_pool), or `all_reduce_in_place` with
+    /// `Algorithm::Auto` on a 16-byte aligned view of a pool buffer): "zero-copy (pool)", the
+    /// in-place two-shot kernel reading the peers' pool memory, or NCCL.
+    pub fn pool_path(&self, len: usize, dtype: DType) -> Result<PathDecision> {
+        self.explain(CallKind::Pool, len, dtype, Algorithm::Auto)
     }
 
     /// Where [`all_reduce_symmetric`](Self::all_reduce_symmetric) of `len` elements goes: the

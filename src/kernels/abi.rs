@@ -18,6 +18,10 @@ pub(crate) const THREADS_PER_BLOCK: u32 = 512;
 
 /// Error word: `kind | phase << 8 | peer << 16`; kind 1 is a peer timeout.
 pub(crate) const ERROR_PEER_TIMEOUT: u32 = 1;
+/// Error word kind 2: a zero-copy pool call whose pool tag differs between ranks.
+pub(crate) const ERROR_POOL_MISMATCH: u32 = 2;
+/// The last bytes of every rank's allocation: the pool tags, `[parity 2]` of u64.
+pub(crate) const POOL_TAG_BYTES: usize = 256;
 
 /// Kernel parameter block; mirrors `symm::SymmArgs` in kernels/abi.cuh.
 #[repr(C)]
@@ -35,16 +39,19 @@ pub(crate) struct SymmArgs {
     pub(crate) timeout_ns: u64,
     pub(crate) rank: u32,
     pub(crate) world: u32,
+    /// Zero-copy pool calls: the digest every rank compares on the device (kernels/pool.cuh).
+    pub(crate) pool_tag: u64,
 }
 
-// The device struct: ten u64 then two u32, no padding: 88 bytes, 8-aligned.
-const _: () = assert!(std::mem::size_of::<SymmArgs>() == 88);
+// The device struct: ten u64, two u32, one u64, no padding: 96 bytes, 8-aligned.
+const _: () = assert!(std::mem::size_of::<SymmArgs>() == 96);
 const _: () = assert!(std::mem::align_of::<SymmArgs>() == 8);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, ll_offset) == 48);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, error) == 64);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, timeout_ns) == 72);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, rank) == 80);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, world) == 84);
+const _: () = assert!(std::mem::offset_of!(SymmArgs, pool_tag) == 88);
 
 // SAFETY: SymmArgs is a #[repr(C)] struct of plain integers with the same layout as the
 // device-side struct (asserted above and in kernels/abi.cuh).
@@ -65,6 +72,11 @@ pub(crate) fn decode_error(code: u32, rank: usize, timeout: Duration) -> Error {
             peer: (code >> 16) as usize,
             phase,
             timeout,
+        }
+    } else if code & 0xff == ERROR_POOL_MISMATCH {
+        Error::PoolMismatch {
+            rank,
+            peer: (code >> 16) as usize,
         }
     } else {
         Error::KernelFault { code }
@@ -94,6 +106,10 @@ mod tests {
                 phase: BarrierPhase::Start,
                 ..
             }
+        ));
+        assert!(matches!(
+            decode_error(2 | (6 << 16), 1, t),
+            Error::PoolMismatch { rank: 1, peer: 6 }
         ));
         assert!(matches!(
             decode_error(0x42, 0, t),
@@ -132,8 +148,10 @@ mod tests {
         assert_eq!(get("MAX_BLOCKS"), MAX_BLOCKS as u64);
         assert_eq!(get("THREADS"), THREADS_PER_BLOCK as u64);
         assert_eq!(get("ERROR_PEER_TIMEOUT"), ERROR_PEER_TIMEOUT as u64);
+        assert_eq!(get("ERROR_POOL_MISMATCH"), ERROR_POOL_MISMATCH as u64);
+        assert_eq!(get("POOL_TAG_BYTES"), POOL_TAG_BYTES as u64);
         assert!(
-            header.contains("sizeof(SymmArgs) == 88"),
+            header.contains("sizeof(SymmArgs) == 96"),
             "abi.cuh asserts the size"
         );
     }

@@ -52,6 +52,10 @@ pub(crate) fn explain(
             config.capacity_bytes
         ),
         Rule::Symmetric => "symmetric-buffer call: zero-copy in-place two-shot".to_string(),
+        Rule::Pool => {
+            "zero-copy (pool): in-place two-shot reading every rank's copy of the pool buffer, no copy-in"
+                .to_string()
+        }
         Rule::Size => match algorithm {
             Algorithm::LowLatency => format!("{bytes} bytes <= low-latency limit ({ll_limit})"),
             _ if facts.world == 1 => "one rank: one-shot copy".to_string(),
@@ -247,6 +251,42 @@ mod tests {
             &c,
             Algorithm::Auto,
             nccl_only,
+        )
+        .unwrap();
+        assert_eq!(r.target, Target::Nccl);
+    }
+
+    #[test]
+    fn pool_calls_are_zero_copy_at_any_size_unless_nccl_is_configured() {
+        let c = Config {
+            capacity_bytes: 1 << 20,
+            nccl_above_bytes: Some(1 << 10),
+            ..Config::default()
+        };
+        let f = facts(Ok(()), Ok(()));
+        for len in [1usize, 100, 1 << 20, 64 << 20] {
+            let r = route(CallKind::Pool, len, DType::BF16, &c, Algorithm::Auto, f).unwrap();
+            assert!(matches!(
+                r.target,
+                Target::Kernel(crate::kernels::registry::Kernel::InPlace, _)
+            ));
+            let p = explain(&r, Algorithm::Auto, &c, f);
+            assert!(p.reason.starts_with("zero-copy (pool)"), "{p}");
+            assert_eq!(p.algorithm, Algorithm::TwoShot);
+        }
+        let nccl = Config {
+            algorithm: Algorithm::Nccl,
+            ..c.clone()
+        };
+        let r = route(CallKind::Pool, 8, DType::BF16, &nccl, Algorithm::Auto, f).unwrap();
+        assert_eq!(r.target, Target::Nccl);
+        let r = route(
+            CallKind::Pool,
+            8,
+            DType::BF16,
+            &c,
+            Algorithm::Auto,
+            facts(Err("no P2P"), Ok(())),
         )
         .unwrap();
         assert_eq!(r.target, Target::Nccl);

@@ -15,6 +15,10 @@ pub(crate) enum CallKind {
     Buffers,
     /// The symmetric buffer itself: the zero-copy in-place two-shot kernel.
     Symmetric,
+    /// A buffer of the communicator's symmetric pool, reduced in place (the caller checked
+    /// that it lies in one pool buffer and is 16-byte aligned): zero-copy, not bounded by
+    /// `capacity_bytes` or `nccl_above_bytes` (the data never passes the workspace).
+    Pool,
 }
 
 /// What a communicator can do, as far as routing is concerned.
@@ -51,6 +55,8 @@ pub(crate) enum Rule {
     AskedFor,
     /// A call on the symmetric buffer: always the in-place kernel.
     Symmetric,
+    /// A call on a pool buffer: the in-place kernel on the pool, zero-copy.
+    Pool,
 }
 
 /// Where one call goes.
@@ -86,7 +92,8 @@ impl Route {
 /// Routes a call (pure; every rank decides the same; no allocation unless it refuses):
 /// 1. `Algorithm::Nccl` (asked for, or configured) → NCCL, or an error without a fallback;
 /// 2. no symmetric workspace → NCCL;
-/// 3. a symmetric-buffer call → the in-place kernel;
+/// 3. a pool call → the in-place kernel on the pool buffer (any size: it never passes the
+///    workspace); a symmetric-buffer call → the in-place kernel;
 /// 4. a kernel asked for (or configured) → that kernel;
 /// 5. `Auto`: above `nccl_above_bytes`, or above `capacity_bytes`, → NCCL when there is a
 ///    fallback; otherwise the size rule of [`choose`].
@@ -132,6 +139,17 @@ pub(crate) fn route(
             }),
         };
     }
+    if kind == CallKind::Pool {
+        return Ok(Route {
+            target: Target::Kernel(
+                Kernel::InPlace,
+                grid(Kernel::InPlace, len, dtype, facts.world, facts.limits),
+            ),
+            rule: Rule::Pool,
+            bytes,
+            threshold_ignored: false,
+        });
+    }
     let mut threshold_ignored = false;
     if chosen == Algorithm::Auto {
         if config.nccl_above_bytes.is_some_and(|l| bytes > l) {
@@ -151,7 +169,7 @@ pub(crate) fn route(
         });
     }
     let (kernel, rule) = match kind {
-        CallKind::Symmetric => (Kernel::InPlace, Rule::Symmetric),
+        CallKind::Symmetric | CallKind::Pool => (Kernel::InPlace, Rule::Symmetric),
         CallKind::Buffers => {
             let rule = match (requested, config.algorithm) {
                 (Algorithm::Auto, Algorithm::Auto) => Rule::Size,
@@ -221,7 +239,7 @@ mod tests {
                         Algorithm::TwoShot,
                         Algorithm::Nccl,
                     ] {
-                        for kind in [CallKind::Buffers, CallKind::Symmetric] {
+                        for kind in [CallKind::Buffers, CallKind::Symmetric, CallKind::Pool] {
                             if let Ok(r) = route(kind, len, dtype, &config, algo, facts) {
                                 sink += r.bytes + matches!(r.target, Target::Nccl) as usize;
                             }

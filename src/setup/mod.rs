@@ -298,6 +298,7 @@ impl State<'_> {
             self.config.capacity_bytes,
             self.config.low_latency_max_bytes,
             self.world,
+            self.config.pool_bytes,
             self.granularity,
         )
     }
