@@ -47,11 +47,12 @@ pub struct Args {
     pub dtypes: Vec<DType>,
 
     /// Algorithms: low_latency (sizes up to 32 KiB), one_shot, two_shot, auto (the library's size-based choice), symmetric
-    /// (zero-copy in place on the communicator's buffers), nccl.
+    /// (zero-copy in place on the communicator's buffers), pool (zero-copy in place on a pool
+    /// buffer from alloc_symmetric), nccl.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "low_latency,one_shot,two_shot,auto,symmetric,nccl"
+        default_value = "low_latency,one_shot,two_shot,auto,symmetric,pool,nccl"
     )]
     pub algos: Vec<AlgoChoice>,
 
@@ -143,6 +144,11 @@ pub enum AlgoChoice {
     /// writes into the buffer, so no copy-in is timed.
     #[value(name = "symmetric")]
     Symmetric,
+    /// symm-allreduce zero-copy in place on a pool buffer (`alloc_symmetric` +
+    /// `all_reduce_pool`): the producer wrote into the pool buffer, so no copy-in is timed.
+    /// Compare with `two_shot` (out of place, copy-in fused) at the same size.
+    #[value(name = "pool")]
+    Pool,
     /// NCCL's ncclAllReduce, the baseline.
     #[value(name = "nccl")]
     Nccl,
@@ -157,7 +163,7 @@ impl AlgoChoice {
             AlgoChoice::LowLatency => Some(Algorithm::LowLatency),
             AlgoChoice::Auto => Some(Algorithm::Auto),
             // The in-place kernel launches the two-shot grid.
-            AlgoChoice::Symmetric => Some(Algorithm::TwoShot),
+            AlgoChoice::Symmetric | AlgoChoice::Pool => Some(Algorithm::TwoShot),
             AlgoChoice::Nccl => None,
         }
     }
@@ -170,6 +176,7 @@ impl AlgoChoice {
             AlgoChoice::LowLatency => "low_latency",
             AlgoChoice::Auto => "auto",
             AlgoChoice::Symmetric => "symmetric",
+            AlgoChoice::Pool => "pool",
             AlgoChoice::Nccl => "nccl",
         }
     }
@@ -433,7 +440,7 @@ mod tests {
         let args = Args::try_parse_from(["symm-bench"]).unwrap();
         assert_eq!(args.world, 8);
         assert_eq!(args.dtypes, vec![DType::BF16, DType::F32]);
-        assert_eq!(args.algos.len(), 6);
+        assert_eq!(args.algos.len(), 7);
         let plan = RunPlan::from_args(&args);
         assert_eq!(plan.sizes, sweep_sizes());
         assert_eq!(plan.rounds(Mode::GraphIsolated), 200);

@@ -253,6 +253,8 @@ impl Bench {
             .collect::<Result<Vec<_>, _>>()?;
         let config = Config {
             capacity_bytes,
+            // The `pool` rows reduce one pool buffer of the message size.
+            pool_bytes: capacity_bytes,
             ..Config::default()
         };
         let comms = Communicator::local_group(&ctxs, config)?;
@@ -426,8 +428,17 @@ impl Bench {
         let dtype = T::DTYPE;
         let world = self.world();
         let symmetric = algo == AlgoChoice::Symmetric;
+        let pool = algo == AlgoChoice::Pool;
         let kernel = self.comms[0].plan(len, dtype, algorithm);
-        let kernel_name = if symmetric {
+        // Pool rows: one pool buffer per rank, the input copied in once (untimed), as a
+        // producer kernel would have written it.
+        let mut pool_bufs = Vec::new();
+        if pool {
+            for (c, s) in self.comms.iter().zip(&self.streams) {
+                pool_bufs.push(c.alloc_symmetric::<T>(len, s)?);
+            }
+        }
+        let kernel_name = if symmetric || pool {
             "in_place"
         } else {
             kernel.algorithm.name()
@@ -438,6 +449,8 @@ impl Bench {
         for (r, out) in b.outputs.iter_mut().enumerate() {
             if symmetric {
                 self.comms[r].copy_to_symmetric(&b.inputs[r], &self.streams[r])?;
+            } else if pool {
+                self.streams[r].memcpy_dtod(&b.inputs[r], &mut pool_bufs[r])?;
             } else {
                 self.comms[r].all_reduce_with(&b.inputs[r], out, &self.streams[r], algorithm)?;
             }
@@ -448,6 +461,14 @@ impl Bench {
             }
             for (r, out) in b.outputs.iter_mut().enumerate() {
                 self.comms[r].copy_from_symmetric(out, &self.streams[r])?;
+            }
+        }
+        if pool {
+            for ((c, s), buf) in self.comms.iter().zip(&self.streams).zip(&mut pool_bufs) {
+                c.all_reduce_pool(buf, s)?;
+            }
+            for (r, out) in b.outputs.iter_mut().enumerate() {
+                self.streams[r].memcpy_dtod(&pool_bufs[r], out)?;
             }
         }
         for (c, s) in self.comms.iter().zip(&self.streams) {
@@ -466,6 +487,8 @@ impl Bench {
                 for (r, out) in outputs.iter_mut().enumerate() {
                     if symmetric {
                         comms[r].all_reduce_symmetric::<T>(len, &streams[r])?;
+                    } else if pool {
+                        comms[r].all_reduce_pool(&mut pool_bufs[r], &streams[r])?;
                     } else {
                         comms[r].all_reduce_with(&inputs[r], out, &streams[r], algorithm)?;
                     }
