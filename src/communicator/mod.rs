@@ -332,6 +332,17 @@ impl Communicator {
             ),
             Paths::NcclOnly { why, .. } => format!("peer kernels: off, every call goes to NCCL: {why}\n"),
         };
+        if self.pool.is_some() {
+            let (free, largest) = self.pool_free();
+            s += &format!(
+                "symmetric pool: {} bytes, {free} free (largest region {largest}); zero-copy calls: {}\n",
+                self.layout().pool_bytes,
+                match self.pool_path(1 << 20, DType::BF16) {
+                    Ok(p) => p.to_string(),
+                    Err(e) => format!("refused: {e}"),
+                }
+            );
+        }
         s += &match (self.nccl(), self.nccl_unavailable()) {
             (Ok(f), _) => format!("NCCL fallback: {}\n", f.describe()),
             (Err(_), Some(why)) => format!("NCCL fallback: none ({why})\n"),
