@@ -5,6 +5,7 @@
 #include "in_place.cuh"
 #include "low_latency.cuh"
 #include "one_shot.cuh"
+#include "pool_two_shot.cuh"
 #include "two_shot.cuh"
 
 using symm::SymmArgs;
@@ -22,7 +23,8 @@ using symm::SymmArgs;
     SYMM_ENTRY(one_shot, SUFFIX, T, (symm::one_shot<T>(in, out, n, a)))                          \
     SYMM_ENTRY(two_shot, SUFFIX, T, (symm::two_shot<T>(in, out, n, a)))                          \
     SYMM_ENTRY(in_place, SUFFIX, T, (symm::in_place<symm::UnicastColl, T>(in, n, a)))                \
-    SYMM_ENTRY(one_shot_ll, SUFFIX, T, (symm::one_shot_ll<T>(in, out, n, a)))
+    SYMM_ENTRY(one_shot_ll, SUFFIX, T, (symm::one_shot_ll<T>(in, out, n, a)))                    \
+    SYMM_ENTRY(pool_two_shot, SUFFIX, T, (symm::pool_two_shot<T>(in, out, n, a)))
 
 SYMM_FOR_EACH_DTYPE(SYMM_KERNELS)
 

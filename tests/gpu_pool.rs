@@ -135,7 +135,7 @@ fn pool_zero_copy_every_dtype_and_world_back_to_back(ctx: Arc<CudaContext>) {
         let mut g = rng(seed);
         let mut keep = Vec::new();
         for (i, &len) in [1usize, 7, 8, 9, 1000, 65_537, 1_000_003, 3].iter().enumerate() {
-            let p = comms[0].pool_path(len, T::DTYPE).unwrap();
+            let p = comms[0].pool_path(len, T::DTYPE, false).unwrap();
             assert!(p.reason.starts_with("zero-copy (pool)"), "{p}");
             let inputs: Vec<Vec<T>> = (0..w).map(|_| random_input(&mut g, len)).collect();
             let outs = pool_round(comms, streams, &inputs).unwrap();
@@ -162,6 +162,104 @@ fn pool_zero_copy_every_dtype_and_world_back_to_back(ctx: Arc<CudaContext>) {
             32 << 20,
             "every buffer went back to the pool"
         );
+    }
+}
+
+/// Out of place from a pool buffer (`all_reduce(&pool_buffer, &mut out)` with `Auto`): the
+/// zero-copy two-shot, every dtype and world, outputs at element offsets 0 and 3, the input
+/// left as it was. Then 20 calls back to back per rank without a host sync, each rewriting the
+/// pool input (a device copy on the rank's stream) right after the previous call: the input
+/// may be overwritten as soon as the call is complete on the stream.
+fn pool_input_out_of_place_zero_copy_every_dtype_and_world(ctx: Arc<CudaContext>) {
+    fn run<T: Elem>(comms: &[Communicator], streams: &[Arc<CudaStream>], seed: u64) {
+        let w = comms.len();
+        let mut g = rng(seed);
+        for &len in &[1usize, 7, 9, 1000, 65_537, 1_000_003] {
+            let p = comms[0].pool_path(len, T::DTYPE, true).unwrap();
+            assert!(p.reason.starts_with("zero-copy (pool): two-shot"), "{p}");
+            let inputs: Vec<Vec<T>> = (0..w).map(|_| random_input(&mut g, len)).collect();
+            let mut bufs: Vec<SymmetricTensor<T>> = (0..w)
+                .map(|r| comms[r].alloc_symmetric::<T>(len, &streams[r]).unwrap())
+                .collect();
+            for off in [0usize, 3] {
+                let mut outs: Vec<CudaSlice<T>> = (0..w)
+                    .map(|r| streams[r].alloc_zeros::<T>(len + 3).unwrap())
+                    .collect();
+                for r in 0..w {
+                    streams[r].memcpy_htod(&inputs[r], &mut bufs[r]).unwrap();
+                }
+                for r in 0..w {
+                    let mut out = outs[r].slice_mut(off..off + len);
+                    comms[r].all_reduce(&bufs[r], &mut out, &streams[r]).unwrap();
+                }
+                sync_all(comms, streams).unwrap();
+                let got: Vec<Vec<T>> = (0..w)
+                    .map(|r| streams[r].clone_dtoh(&outs[r]).unwrap()[off..off + len].to_vec())
+                    .collect();
+                verify(
+                    &inputs,
+                    &got,
+                    &format!("pool input {} W={w} len={len} out+{off}", T::DTYPE),
+                )
+                .unwrap();
+                for r in 0..w {
+                    let mut h = vec![T::default(); len];
+                    streams[r].memcpy_dtoh(&bufs[r], &mut h).unwrap();
+                    check_bits(
+                        &format!("pool input W={w} len={len} rank {r} unchanged"),
+                        &inputs[r],
+                        &h,
+                    )
+                    .unwrap();
+                }
+            }
+        }
+        // Back to back, the input rewritten right after each call.
+        let (len, calls) = (200_003usize, 20usize);
+        let all: Vec<Vec<Vec<T>>> = (0..calls)
+            .map(|_| (0..w).map(|_| random_input(&mut g, len)).collect())
+            .collect();
+        let staging: Vec<Vec<CudaSlice<T>>> = (0..calls)
+            .map(|c| {
+                (0..w)
+                    .map(|r| streams[r].clone_htod(&all[c][r]).unwrap())
+                    .collect()
+            })
+            .collect();
+        let mut bufs: Vec<SymmetricTensor<T>> = (0..w)
+            .map(|r| comms[r].alloc_symmetric::<T>(len, &streams[r]).unwrap())
+            .collect();
+        let mut outs: Vec<Vec<CudaSlice<T>>> = (0..calls)
+            .map(|_| {
+                (0..w)
+                    .map(|r| streams[r].alloc_zeros::<T>(len).unwrap())
+                    .collect()
+            })
+            .collect();
+        for s in streams {
+            s.synchronize().unwrap();
+        }
+        for c in 0..calls {
+            for r in 0..w {
+                streams[r].memcpy_dtod(&staging[c][r], &mut bufs[r]).unwrap();
+                comms[r]
+                    .all_reduce(&bufs[r], &mut outs[c][r], &streams[r])
+                    .unwrap();
+            }
+        }
+        sync_all(comms, streams).unwrap();
+        for c in 0..calls {
+            let got: Vec<Vec<T>> = (0..w)
+                .map(|r| streams[r].clone_dtoh(&outs[c][r]).unwrap())
+                .collect();
+            verify(&all[c], &got, &format!("pool input back to back W={w} call {c}")).unwrap();
+        }
+    }
+    for w in WORLDS {
+        let (comms, streams) = group(&ctx, w, config(4 << 20, 16 << 20));
+        run::<f32>(&comms, &streams, 500 + w as u64);
+        run::<f16>(&comms, &streams, 600 + w as u64);
+        run::<bf16>(&comms, &streams, 700 + w as u64);
     }
 }
 
@@ -673,6 +771,7 @@ fn main() -> std::process::ExitCode {
         "gpu_pool",
         vec![
             gpu_test!(pool_zero_copy_every_dtype_and_world_back_to_back),
+            gpu_test!(pool_input_out_of_place_zero_copy_every_dtype_and_world),
             gpu_test!(pool_buffers_written_by_a_kernel_reduce_zero_copy_in_graphs_replayed_100_times),
             gpu_test!(cublas_gemm_writes_into_a_pool_buffer_then_all_reduce),
             gpu_test!(views_at_element_offsets_every_dtype_algorithm_and_world),

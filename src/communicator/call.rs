@@ -17,7 +17,11 @@ use crate::plan::validate::{validate_call, validate_lengths, validate_placement,
 impl Communicator {
     /// Sums `input` over all ranks into `output` (out of place), choosing the path by size
     /// (see [`path`](Self::path)). All ranks must make the same sequence of calls with the
-    /// same lengths.
+    /// same lengths. Inputs and outputs may be views at any element offset. With
+    /// `Algorithm::Auto`, an `input` that is (a 16-byte aligned view of) one of this
+    /// communicator's pool buffers ([`alloc_symmetric`](Self::alloc_symmetric)) is read in
+    /// place by the zero-copy two-shot, up to `capacity_bytes` ([`pool_path`](Self::pool_path)
+    /// with `out_of_place`); every rank then passes its buffer of the same allocation.
     pub fn all_reduce<T: Element>(
         &self,
         input: &impl DevicePtr<T>,
@@ -48,7 +52,6 @@ impl Communicator {
             stream_device: stream.context().ordinal(),
         };
         validate_lengths(&shape)?;
-        let route = self.route(CallKind::Buffers, shape.input_len, T::DTYPE, algorithm)?;
         let (in_ptr, _read) = input.device_ptr(stream);
         let (out_ptr, _write) = output.device_ptr_mut(stream);
         let shape = CallShape {
@@ -56,7 +59,17 @@ impl Communicator {
             output_addr: out_ptr,
             ..shape
         };
-        self.run::<T>(&shape, &route, 0, stream)
+        // An input in this communicator's pool (16-byte aligned) is read in place.
+        let tag = match algorithm {
+            Algorithm::Auto => self.zero_copy_tag(in_ptr, shape.input_len * T::DTYPE.size()),
+            _ => None,
+        };
+        let (kind, tag) = match tag {
+            Some(tag) => (CallKind::PoolInput, tag),
+            None => (CallKind::Buffers, 0),
+        };
+        let route = self.route(kind, shape.input_len, T::DTYPE, algorithm)?;
+        self.run::<T>(&shape, &route, tag, stream)
     }
 
     /// Sums `buffer` over all ranks in place. With `Algorithm::Auto`, a 16-byte aligned

@@ -251,8 +251,15 @@ impl Communicator {
     /// ([`all_reduce_pool`](Self::all_reduce_pool), or `all_reduce_in_place` with
     /// `Algorithm::Auto` on a 16-byte aligned view of a pool buffer): "zero-copy (pool)", the
     /// in-place two-shot kernel reading the peers' pool memory, or NCCL.
-    pub fn pool_path(&self, len: usize, dtype: DType) -> Result<PathDecision> {
-        self.explain(CallKind::Pool, len, dtype, Algorithm::Auto)
+    /// `out_of_place`: where `all_reduce` from a pool buffer into another buffer goes (the
+    /// zero-copy two-shot up to `capacity_bytes`, then what an ordinary buffer gets).
+    pub fn pool_path(&self, len: usize, dtype: DType, out_of_place: bool) -> Result<PathDecision> {
+        let kind = if out_of_place {
+            CallKind::PoolInput
+        } else {
+            CallKind::Pool
+        };
+        self.explain(kind, len, dtype, Algorithm::Auto)
     }
 
     /// Where [`all_reduce_symmetric`](Self::all_reduce_symmetric) of `len` elements goes: the
@@ -337,7 +344,7 @@ impl Communicator {
             s += &format!(
                 "symmetric pool: {} bytes, {free} free (largest region {largest}); zero-copy calls: {}\n",
                 self.layout().pool_bytes,
-                match self.pool_path(1 << 20, DType::BF16) {
+                match self.pool_path(1 << 20, DType::BF16, false) {
                     Ok(p) => p.to_string(),
                     Err(e) => format!("refused: {e}"),
                 }

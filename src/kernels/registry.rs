@@ -22,6 +22,8 @@ pub(crate) enum Kernel {
     TwoShot,
     InPlace,
     LowLatency,
+    /// Zero-copy out of place from a pool buffer (kernels/pool_two_shot.cuh).
+    PoolTwoShot,
 }
 
 /// One registry row.
@@ -36,7 +38,7 @@ pub(crate) struct KernelSpec {
 }
 
 /// Every kernel, in table order.
-pub(crate) const KERNELS: [KernelSpec; 4] = [
+pub(crate) const KERNELS: [KernelSpec; 5] = [
     KernelSpec {
         kernel: Kernel::OneShot,
         prefix: "one_shot",
@@ -61,6 +63,12 @@ pub(crate) const KERNELS: [KernelSpec; 4] = [
         min_arch: 80,
         family: Family::OneShot,
     },
+    KernelSpec {
+        kernel: Kernel::PoolTwoShot,
+        prefix: "pool_two_shot",
+        min_arch: 80,
+        family: Family::TwoShot,
+    },
 ];
 
 /// The body-less kernel with the common signature (the benchmark's launch floor).
@@ -74,6 +82,7 @@ impl Kernel {
             Kernel::TwoShot => 1,
             Kernel::InPlace => 2,
             Kernel::LowLatency => 3,
+            Kernel::PoolTwoShot => 4,
         }
     }
 

@@ -56,6 +56,9 @@ pub(crate) fn explain(
             "zero-copy (pool): in-place two-shot reading every rank's copy of the pool buffer, no copy-in"
                 .to_string()
         }
+        Rule::PoolInput => {
+            "zero-copy (pool): two-shot reading every rank's copy of the pool input, no copy-in".to_string()
+        }
         Rule::Size => match algorithm {
             Algorithm::LowLatency => format!("{bytes} bytes <= low-latency limit ({ll_limit})"),
             _ if facts.world == 1 => "one rank: one-shot copy".to_string(),
@@ -287,6 +290,27 @@ mod tests {
             &c,
             Algorithm::Auto,
             facts(Err("no P2P"), Ok(())),
+        )
+        .unwrap();
+        assert_eq!(r.target, Target::Nccl);
+        // Out of place from a pool buffer: the zero-copy two-shot up to the capacity, then
+        // what an ordinary buffer gets (here NCCL, above the capacity with a fallback).
+        for len in [1usize, 1000, 1 << 19] {
+            let r = route(CallKind::PoolInput, len, DType::BF16, &c, Algorithm::Auto, f).unwrap();
+            assert!(matches!(
+                r.target,
+                Target::Kernel(crate::kernels::registry::Kernel::PoolTwoShot, _)
+            ));
+            let p = explain(&r, Algorithm::Auto, &c, f);
+            assert!(p.reason.starts_with("zero-copy (pool)"), "{p}");
+        }
+        let r = route(
+            CallKind::PoolInput,
+            (1 << 19) + 1,
+            DType::BF16,
+            &c,
+            Algorithm::Auto,
+            f,
         )
         .unwrap();
         assert_eq!(r.target, Target::Nccl);

@@ -31,7 +31,7 @@ pub(crate) fn choose(bytes: usize, world: usize, config: &Config, requested: Alg
 pub(crate) fn grid(kernel: Kernel, len: usize, dtype: DType, world: usize, limits: Limits) -> Plan {
     let packs = len / dtype.per_pack();
     let work = match kernel {
-        Kernel::TwoShot | Kernel::InPlace => packs.div_ceil(world),
+        Kernel::TwoShot | Kernel::InPlace | Kernel::PoolTwoShot => packs.div_ceil(world),
         Kernel::LowLatency => (len * dtype.size()).div_ceil(8),
         Kernel::OneShot => packs,
     };

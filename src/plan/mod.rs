@@ -23,7 +23,7 @@ use crate::kernels::registry::{Family, Kernel};
 pub(crate) const fn algorithm_of(kernel: Kernel) -> Algorithm {
     match kernel {
         Kernel::OneShot => Algorithm::OneShot,
-        Kernel::TwoShot | Kernel::InPlace => Algorithm::TwoShot,
+        Kernel::TwoShot | Kernel::InPlace | Kernel::PoolTwoShot => Algorithm::TwoShot,
         Kernel::LowLatency => Algorithm::LowLatency,
     }
 }

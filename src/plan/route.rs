@@ -19,6 +19,9 @@ pub(crate) enum CallKind {
     /// that it lies in one pool buffer and is 16-byte aligned): zero-copy, not bounded by
     /// `capacity_bytes` or `nccl_above_bytes` (the data never passes the workspace).
     Pool,
+    /// Out of place from a pool buffer (checked by the caller as for `Pool`): the zero-copy
+    /// two-shot, whose reduced slices pass the data buffers, so up to `capacity_bytes`.
+    PoolInput,
 }
 
 /// What a communicator can do, as far as routing is concerned.
@@ -57,6 +60,8 @@ pub(crate) enum Rule {
     Symmetric,
     /// A call on a pool buffer: the in-place kernel on the pool, zero-copy.
     Pool,
+    /// An out-of-place call from a pool buffer: the zero-copy two-shot.
+    PoolInput,
 }
 
 /// Where one call goes.
@@ -139,13 +144,15 @@ pub(crate) fn route(
             }),
         };
     }
-    if kind == CallKind::Pool {
+    let zero_copy = match kind {
+        CallKind::Pool => Some((Kernel::InPlace, Rule::Pool)),
+        CallKind::PoolInput if bytes <= config.capacity_bytes => Some((Kernel::PoolTwoShot, Rule::PoolInput)),
+        _ => None,
+    };
+    if let Some((kernel, rule)) = zero_copy {
         return Ok(Route {
-            target: Target::Kernel(
-                Kernel::InPlace,
-                grid(Kernel::InPlace, len, dtype, facts.world, facts.limits),
-            ),
-            rule: Rule::Pool,
+            target: Target::Kernel(kernel, grid(kernel, len, dtype, facts.world, facts.limits)),
+            rule,
             bytes,
             threshold_ignored: false,
         });
@@ -170,7 +177,7 @@ pub(crate) fn route(
     }
     let (kernel, rule) = match kind {
         CallKind::Symmetric | CallKind::Pool => (Kernel::InPlace, Rule::Symmetric),
-        CallKind::Buffers => {
+        CallKind::Buffers | CallKind::PoolInput => {
             let rule = match (requested, config.algorithm) {
                 (Algorithm::Auto, Algorithm::Auto) => Rule::Size,
                 (Algorithm::Auto, _) => Rule::Configured,
@@ -239,7 +246,12 @@ mod tests {
                         Algorithm::TwoShot,
                         Algorithm::Nccl,
                     ] {
-                        for kind in [CallKind::Buffers, CallKind::Symmetric, CallKind::Pool] {
+                        for kind in [
+                            CallKind::Buffers,
+                            CallKind::Symmetric,
+                            CallKind::Pool,
+                            CallKind::PoolInput,
+                        ] {
                             if let Ok(r) = route(kind, len, dtype, &config, algo, facts) {
                                 sink += r.bytes + matches!(r.target, Target::Nccl) as usize;
                             }
