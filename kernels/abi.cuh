@@ -29,9 +29,15 @@ struct SymmArgs {
     // and its length; exchanged with every peer before any data is touched.
     uint64_t check_shape;
     uint64_t check_len;
+    // Zero-copy pool calls: a digest of the buffer's allocation (sequence number, offset,
+    // bytes, dtype) and of the call (view offset, length), the same on every rank when every
+    // rank made the same sequence of allocations (0 for the legacy symmetric buffer). The
+    // zero-copy kernels publish it and compare it with every peer's before touching any data
+    // (kernels/pool.cuh). The other kernels ignore it.
+    uint64_t pool_tag;
 };
 
-static_assert(sizeof(SymmArgs) == 104, "SymmArgs: ten u64, two u32, two u64, as in src/kernels/abi.rs");
+static_assert(sizeof(SymmArgs) == 112, "SymmArgs: ten u64, two u32, three u64, as in src/kernels/abi.rs");
 static_assert(alignof(SymmArgs) == 8, "SymmArgs is 8-aligned");
 static_assert(offsetof(SymmArgs, ll_offset) == 48, "SymmArgs::ll_offset");
 static_assert(offsetof(SymmArgs, error) == 64, "SymmArgs::error");
@@ -40,6 +46,7 @@ static_assert(offsetof(SymmArgs, rank) == 80, "SymmArgs::rank");
 static_assert(offsetof(SymmArgs, world) == 84, "SymmArgs::world");
 static_assert(offsetof(SymmArgs, check_shape) == 88, "SymmArgs::check_shape");
 static_assert(offsetof(SymmArgs, check_len) == 96, "SymmArgs::check_len");
+static_assert(offsetof(SymmArgs, pool_tag) == 104, "SymmArgs::pool_tag");
 
 constexpr uint32_t MAX_RANKS = 8;
 constexpr uint32_t MAX_BLOCKS = 64;
@@ -57,6 +64,11 @@ constexpr uint32_t ERROR_DIVERGED = 2;
 // The divergence check's slots: [epoch parity 2][block MAX_BLOCKS][source rank MAX_RANKS] of
 // CheckSlot, at this offset of every rank's allocation (src/symmetric/mod.rs CHECK_OFFSET).
 constexpr uint64_t CHECK_OFFSET = 65536;
+// A zero-copy pool call whose pool tag differs between ranks (peer: the first rank whose tag
+// differs from this rank's): the ranks' allocation sequences diverged.
+constexpr uint32_t ERROR_POOL_MISMATCH = 4;
+// The last POOL_TAG_BYTES of every rank's allocation hold the pool tags, [parity 2] of u64.
+constexpr uint32_t POOL_TAG_BYTES = 256;
 
 // Barrier phases, as reported in the error word (src/error.rs BarrierPhase).
 enum Phase : uint32_t { PHASE_START = 0, PHASE_MIDDLE = 1, PHASE_END = 2, PHASE_ARRIVAL = 3, PHASE_CHECK = 4 };

@@ -1,6 +1,7 @@
 // Collective policies: how a kernel body reduces from, stores to and synchronises with every
 // rank. A kernel written over `Coll` runs unchanged on any policy. `UnicastColl` reaches the
-// peers through their mapped symmetric buffers (peer pointers). A multimem policy goes beside
+// peers through their mapped copies of the buffer (peer pointers; a pool buffer or the legacy
+// symmetric buffer lies at the same offset of every rank's allocation). A multimem policy goes beside
 // it: `load_reduce` as one `multimem.ld_reduce...add.acc::f32` on the multicast address,
 // `broadcast_store` as one `multimem.st`, `barrier` by `multimem.red.release.sys` on a
 // multicast signal counter (sm_90 only; see docs/design.md).
@@ -17,9 +18,14 @@ namespace symm {
 
 struct UnicastColl {
     const SymmArgs& a;
-    const char* rank0;  // rank 0's symmetric buffer; rank q's is q * stride further
+    char* rank0;  // rank 0's copy of the buffer; rank q's is q * stride further
 
-    __device__ explicit UnicastColl(const SymmArgs& args) : a(args), rank0(symmetric_buffer(args, 0)) {}
+    // `offset`: where the buffer lies in every rank's allocation (a pool buffer, or the
+    // legacy symmetric buffer).
+    __device__ UnicastColl(const SymmArgs& args, uint64_t offset) : a(args), rank0(rank_alloc(args, 0) + offset) {}
+
+    // Rank q's copy of the buffer.
+    __device__ __forceinline__ char* buffer(uint32_t q) const { return rank0 + q * a.stride; }
 
     // Pack `pack` of every rank's symmetric buffer, summed in rank order.
     template <typename T>
@@ -34,7 +40,7 @@ struct UnicastColl {
         SYMM_POLICY_MARK("load_reduce_element");
         float acc = 0.0f;
         for (uint32_t q = 0; q < a.world; ++q) {
-            const float x = Elem<T>::to_float(__ldcg(reinterpret_cast<const T*>(symmetric_buffer(a, q)) + i));
+            const float x = Elem<T>::to_float(__ldcg(reinterpret_cast<const T*>(buffer(q)) + i));
             acc = q == 0 ? x : acc + x;
         }
         return acc;
@@ -45,7 +51,7 @@ struct UnicastColl {
         SYMM_POLICY_MARK("broadcast_store");
 #pragma unroll
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-            if (q < a.world) reinterpret_cast<uint4*>(symmetric_buffer(a, q))[pack] = v;
+            if (q < a.world) reinterpret_cast<uint4*>(buffer(q))[pack] = v;
         }
     }
 

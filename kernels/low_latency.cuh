@@ -4,6 +4,7 @@
 #include "elements.cuh"
 #include "memory.cuh"
 #include "signals.cuh"
+#include "unaligned.cuh"
 
 namespace symm {
 
@@ -11,9 +12,9 @@ constexpr uint64_t LL_NOT_ARRIVED = ~0ull;
 
 // Line `l` (16 bytes, one pack) of the input, zero-padded past element n.
 template <typename T>
-__device__ __forceinline__ uint4 load_line(const T* in, uint64_t n, uint64_t l) {
+__device__ __forceinline__ uint4 load_line(const T* in, uint64_t n, uint64_t l, bool aligned) {
     constexpr uint32_t PER_LINE = Elem<T>::PER_PACK;
-    if ((l + 1) * PER_LINE <= n) return reinterpret_cast<const uint4*>(in)[l];
+    if ((l + 1) * PER_LINE <= n) return load_pack(in, l, aligned);
     Pack<T> p;
     p.bits = make_uint4(0, 0, 0, 0);
 #pragma unroll
@@ -52,11 +53,12 @@ __device__ __forceinline__ void one_shot_ll(const T* in, T* out, uint64_t n, con
     const uint64_t first = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
     const uint32_t buffer = static_cast<uint32_t>(epoch % LL_BUFFERS);
+    const bool in_aligned = is_aligned(in, 16), out_aligned = is_aligned(out, 16);
 
     // The first line stays in registers as this rank's own contribution.
-    const uint4 own_first = first < lines ? load_line(in, n, first) : make_uint4(0, 0, 0, 0);
+    const uint4 own_first = first < lines ? load_line(in, n, first, in_aligned) : make_uint4(0, 0, 0, 0);
     for (uint64_t l = first; l < lines; l += step) {
-        const ulonglong2 w = as_words(wire_pack<T>(l == first ? own_first : load_line(in, n, l)));
+        const ulonglong2 w = as_words(wire_pack<T>(l == first ? own_first : load_line(in, n, l, in_aligned)));
 #pragma unroll
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
             if (q < a.world && q != a.rank) st_line_sys(ll_line(a, q, buffer, a.rank, l), w);
@@ -85,7 +87,7 @@ __device__ __forceinline__ void one_shot_ll(const T* in, T* out, uint64_t n, con
             }
         }
         if (!ok) break;
-        const uint4 own = l == first ? own_first : load_line(in, n, l);
+        const uint4 own = l == first ? own_first : load_line(in, n, l, in_aligned);
         float acc[PER_LINE];
 #pragma unroll
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
@@ -101,7 +103,7 @@ __device__ __forceinline__ void one_shot_ll(const T* in, T* out, uint64_t n, con
         Pack<T> r;
         r.bits = float_to_pack<T>(acc);
         if ((l + 1) * PER_LINE <= n) {
-            reinterpret_cast<uint4*>(out)[l] = r.bits;
+            store_pack(out, l, r.bits, out_aligned);
         } else {
 #pragma unroll
             for (uint32_t e = 0; e < PER_LINE; ++e) {

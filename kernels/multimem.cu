@@ -15,7 +15,7 @@
         symm::MulticastArgs m;                                                                   \
         static_cast<symm::SymmArgs&>(m) = a;                                                     \
         m.mc_base = reinterpret_cast<uint64_t>(mc);                                              \
-        symm::in_place<symm::MultimemColl, T>(n, m);                                             \
+        symm::in_place<symm::MultimemColl, T>(reinterpret_cast<const T*>(symm::symmetric_buffer(a, a.rank)), n, m); \
     }
 
 SYMM_FOR_EACH_DTYPE(SYMM_MM_ENTRY)

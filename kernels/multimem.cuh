@@ -175,12 +175,16 @@ __device__ __forceinline__ uint64_t ld_acquire_sys_u64(const uint64_t* p) {
 
 struct MultimemColl {
     const SymmArgs& a;
-    char* mc;  // multicast address of the bound allocations
+    char* mc;         // multicast address of the bound allocations
+    uint64_t offset;  // where the buffer lies in every rank's allocation
 
-    __device__ explicit MultimemColl(const SymmArgs& args)
-        : a(args), mc(reinterpret_cast<char*>(static_cast<const MulticastArgs&>(args).mc_base)) {}
+    __device__ MultimemColl(const SymmArgs& args, uint64_t buffer_offset)
+        : a(args), mc(reinterpret_cast<char*>(static_cast<const MulticastArgs&>(args).mc_base)), offset(buffer_offset) {}
 
-    __device__ __forceinline__ char* mc_symmetric() const { return mc + a.data_offset + 2 * a.data_bytes; }
+    __device__ __forceinline__ char* mc_symmetric() const { return mc + offset; }
+
+    // Rank q's copy of the buffer, through the unicast mapping.
+    __device__ __forceinline__ char* buffer(uint32_t q) const { return rank_alloc(a, q) + offset; }
 
     template <typename T>
     __device__ __forceinline__ uint4 load_reduce(uint64_t pack) const {
@@ -195,7 +199,7 @@ struct MultimemColl {
         SYMM_POLICY_MARK("load_reduce_element");
         float acc = 0.0f;
         for (uint32_t q = 0; q < a.world; ++q) {
-            const float x = Elem<T>::to_float(__ldcg(reinterpret_cast<const T*>(symmetric_buffer(a, q)) + i));
+            const float x = Elem<T>::to_float(__ldcg(reinterpret_cast<const T*>(buffer(q)) + i));
             acc = q == 0 ? x : acc + x;
         }
         return acc;

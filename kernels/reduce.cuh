@@ -28,14 +28,14 @@ __device__ __forceinline__ uint4 sum_ranks(const SymmArgs& a, const char* rank0,
     return float_to_pack<T>(acc);
 }
 
-// `sum_ranks` with this rank's own part read from `own` (its input) instead of its data buffer.
+// `sum_ranks` with this rank's own part `own` (from its input) instead of its data buffer.
 template <typename T>
-__device__ __forceinline__ uint4 sum_ranks_own(const SymmArgs& a, const char* rank0, uint64_t pack, const uint4* own) {
+__device__ __forceinline__ uint4 sum_ranks_own(const SymmArgs& a, const char* rank0, uint64_t pack, uint4 own) {
     const char* p = rank0 + pack * sizeof(uint4);
     uint4 v[MAX_RANKS];
 #pragma unroll
     for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-        if (q < a.world) v[q] = q == a.rank ? own[pack] : load_peer_pack(reinterpret_cast<const uint4*>(p + q * a.stride));
+        if (q < a.world) v[q] = q == a.rank ? own : load_peer_pack(reinterpret_cast<const uint4*>(p + q * a.stride));
     }
     float acc[Elem<T>::PER_PACK];
     pack_to_float<T>(v[0], acc);

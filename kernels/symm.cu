@@ -5,6 +5,7 @@
 #include "in_place.cuh"
 #include "low_latency.cuh"
 #include "one_shot.cuh"
+#include "pool_two_shot.cuh"
 #include "two_shot.cuh"
 
 using symm::SymmArgs;
@@ -17,12 +18,24 @@ using symm::SymmArgs;
         BODY;                                                                                    \
     }
 
+// The same with up to 128 registers a thread (one 512-thread block per SM at that size): the
+// zero-copy in-place kernel needs more than 64 and would spill. Its family's residency limit
+// comes from the occupancy API, so the grid follows.
+#define SYMM_ENTRY_ONE_BLOCK_PER_SM(NAME, SUFFIX, T, BODY)                                       \
+    extern "C" __global__ void __launch_bounds__(symm::THREADS, 1)                               \
+        symm_##NAME##_##SUFFIX(const T* in, T* out, uint64_t n, SymmArgs a) {                    \
+        (void)in;                                                                                \
+        (void)out;                                                                               \
+        BODY;                                                                                    \
+    }
+
 // Every kernel of the registry for one dtype (SYMM_FOR_EACH_DTYPE calls it per dtype).
 #define SYMM_KERNELS(SUFFIX, T)                                                                  \
     SYMM_ENTRY(one_shot, SUFFIX, T, (symm::one_shot<T>(in, out, n, a)))                          \
     SYMM_ENTRY(two_shot, SUFFIX, T, (symm::two_shot<T>(in, out, n, a)))                          \
-    SYMM_ENTRY(in_place, SUFFIX, T, (symm::in_place<symm::UnicastColl, T>(n, a)))                \
-    SYMM_ENTRY(one_shot_ll, SUFFIX, T, (symm::one_shot_ll<T>(in, out, n, a)))
+    SYMM_ENTRY_ONE_BLOCK_PER_SM(in_place, SUFFIX, T, (symm::in_place<symm::UnicastColl, T>(in, n, a))) \
+    SYMM_ENTRY(one_shot_ll, SUFFIX, T, (symm::one_shot_ll<T>(in, out, n, a)))                    \
+    SYMM_ENTRY(pool_two_shot, SUFFIX, T, (symm::pool_two_shot<T>(in, out, n, a)))
 
 SYMM_FOR_EACH_DTYPE(SYMM_KERNELS)
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "reduce.cuh"
+#include "unaligned.cuh"
 
 namespace symm {
 
@@ -17,8 +18,7 @@ __device__ __forceinline__ void two_shot(const T* in, T* out, uint64_t n, const 
     const uint64_t packs = n / Elem<T>::PER_PACK;
     const uint64_t slice = (packs + a.world - 1) / a.world;
     const PackLoop loop;
-    const uint4* src = reinterpret_cast<const uint4*>(in);
-    uint4* dst = reinterpret_cast<uint4*>(out);
+    const bool in_aligned = is_aligned(in, 16), out_aligned = is_aligned(out, 16);
     uint4* mine = reinterpret_cast<uint4*>(data_buffer(a, a.rank, parity));
     const char* rank0 = data_buffer(a, 0, parity);
 
@@ -30,7 +30,7 @@ __device__ __forceinline__ void two_shot(const T* in, T* out, uint64_t n, const 
         uint4 v[MAX_RANKS];
 #pragma unroll
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-            if (q < a.world && q != a.rank && q * slice + i < packs) v[q] = src[q * slice + i];
+            if (q < a.world && q != a.rank && q * slice + i < packs) v[q] = load_pack(in, q * slice + i, in_aligned);
         }
 #pragma unroll
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
@@ -43,9 +43,9 @@ __device__ __forceinline__ void two_shot(const T* in, T* out, uint64_t n, const 
     for (uint64_t i = loop.first; i < slice; i += loop.step) {
         const uint64_t p = a.rank * slice + i;
         if (p < packs) {
-            const uint4 r = sum_ranks_own<T>(a, rank0, p, src);
+            const uint4 r = sum_ranks_own<T>(a, rank0, p, load_pack(in, p, in_aligned));
             if (a.world > 1) mine[p] = r;
-            dst[p] = r;
+            store_pack(out, p, r, out_aligned);
         }
     }
     sum_tail(a, parity, out, n);
@@ -64,7 +64,7 @@ __device__ __forceinline__ void two_shot(const T* in, T* out, uint64_t n, const 
 #pragma unroll
             for (uint32_t q = 0; q < MAX_RANKS; ++q) {
                 const uint64_t p = q * slice + i;
-                if (q < a.world && q != a.rank && p < packs) dst[p] = v[q];
+                if (q < a.world && q != a.rank && p < packs) store_pack(out, p, v[q], out_aligned);
             }
         }
     }

@@ -167,6 +167,11 @@ pub struct Config {
     /// summation order, so `Auto` never routes to the multimem kernels (the switch sums in an
     /// unspecified order: identical on every rank, not bit-identical to the peer kernels).
     pub reproducible: bool,
+    /// Bytes of the symmetric pool that [`crate::Communicator::alloc_symmetric`] carves
+    /// buffers from (rounded up to 256 bytes; 0: no pool). Each rank allocates this much
+    /// besides the workspace; every peer maps it. The pool does not grow (see the README's
+    /// "zero-copy" section).
+    pub pool_bytes: usize,
 }
 
 /// The thresholds `Auto` routes one (dtype, world) by, resolved from the configuration and
@@ -203,6 +208,7 @@ impl Default for Config {
             tuning: None,
             multicast: Multicast::Off,
             reproducible: true,
+            pool_bytes: 64 << 20,
         }
     }
 }
@@ -235,6 +241,12 @@ impl Config {
             return Err(Error::InvalidConfig(format!(
                 "capacity_bytes {} is above 1 TiB",
                 self.capacity_bytes
+            )));
+        }
+        if self.pool_bytes > (1usize << 40) {
+            return Err(Error::InvalidConfig(format!(
+                "pool_bytes {} is above 1 TiB",
+                self.pool_bytes
             )));
         }
         if !(1..=MAX_BLOCKS).contains(&self.max_blocks_per_rank) {
@@ -425,6 +437,7 @@ impl Config {
             tuning,
             multicast,
             reproducible,
+            pool_bytes,
         } = self;
         let mut w = Writer::with_capacity(64);
         w.put(capacity_bytes)
@@ -438,7 +451,8 @@ impl Config {
             .put(pdl)
             .put(check_divergence)
             .put(&(*multicast as u8))
-            .put(reproducible);
+            .put(reproducible)
+            .put(pool_bytes);
         let fields = w.finish();
         let digest = tuning.as_ref().map_or(0u64, TuningTable::digest);
         Writer::with_capacity(fields.len() + 16)
@@ -470,6 +484,10 @@ mod tests {
             },
             Config {
                 timeout: Duration::ZERO,
+                ..Config::default()
+            },
+            Config {
+                pool_bytes: (1 << 40) + 1,
                 ..Config::default()
             },
         ] {
@@ -537,6 +555,10 @@ mod tests {
             },
             Config {
                 reproducible: false,
+                ..base.clone()
+            },
+            Config {
+                pool_bytes: 1 << 20,
                 ..base.clone()
             },
         ];

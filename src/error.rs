@@ -148,8 +148,11 @@ pub enum Error {
         capacity: usize,
     },
 
-    /// A buffer is not 16-byte aligned.
-    #[error("{which} buffer at {address:#x} is not 16-byte aligned: the kernels move 16-byte packs")]
+    /// A buffer is not aligned to its element size (a view at any element offset of a
+    /// typed buffer is; only a raw address can be misaligned).
+    #[error(
+        "{which} buffer at {address:#x} is not aligned to its element size: pass a typed buffer or a view of one"
+    )]
     Misaligned {
         /// "input" or "output".
         which: &'static str,
@@ -291,6 +294,50 @@ pub enum Error {
         reason: String,
     },
 
+    /// The symmetric pool has no free region large enough for an allocation.
+    #[error(
+        "the symmetric pool cannot hold {requested} more bytes: {free} of {capacity} bytes are free, the \
+         largest free region holds {largest}; drop pool buffers you no longer need or raise Config::pool_bytes"
+    )]
+    PoolExhausted {
+        /// Bytes asked for (rounded up to the pool's 256-byte alignment).
+        requested: usize,
+        /// The largest free region.
+        largest: usize,
+        /// All free bytes.
+        free: usize,
+        /// `Config::pool_bytes`, as laid out.
+        capacity: usize,
+    },
+
+    /// A pool buffer of another communicator was passed where this communicator's pool
+    /// buffer is required.
+    #[error(
+        "this pool buffer belongs to another communicator (pool {found}, this one is pool {expected}): \
+         allocate it with this communicator's alloc_symmetric, or pass it to all_reduce as an ordinary buffer"
+    )]
+    ForeignPoolBuffer {
+        /// This communicator's pool id.
+        expected: u64,
+        /// The buffer's pool id.
+        found: u64,
+    },
+
+    /// A zero-copy pool call found that the ranks' pool buffers differ: the ranks did not make
+    /// the same sequence of `alloc_symmetric` calls (or passed different buffers or views).
+    /// Nothing was read or written; the communicator is poisoned.
+    #[error(
+        "rank {rank}: the pool buffer of this zero-copy call differs from rank {peer}'s (allocation sequence \
+         number, offset, size, dtype or view): every rank must make the same sequence of alloc_symmetric calls \
+         and drops, and pass the same buffer; nothing was reduced, create a new communicator"
+    )]
+    PoolMismatch {
+        /// The rank that reports it.
+        rank: usize,
+        /// The first rank whose buffer differs from this one's.
+        peer: usize,
+    },
+
     /// A socket-store address without a launch secret (or with a malformed one).
     #[error(
         "the socket store address {address} {problem}: create it on the launcher with StoreAddress::unique \
@@ -405,7 +452,7 @@ mod tests {
     /// Number of `Error` variants; `variant` below matches them exhaustively, so a new
     /// variant does not compile until it gets an index here, and the test fails until
     /// `every_error` constructs it.
-    const VARIANTS: usize = 30;
+    const VARIANTS: usize = 33;
 
     /// A stable index per variant and the text its message must contain to say what to do
     /// (`None` where the message carries the cause only).
@@ -422,7 +469,7 @@ mod tests {
             Error::Empty => (8, Some("pass at least one element")),
             Error::LengthMismatch { .. } => (9, Some("must be equal")),
             Error::ExceedsCapacity { .. } => (10, Some("raise Config::capacity_bytes")),
-            Error::Misaligned { .. } => (11, Some("16-byte packs")),
+            Error::Misaligned { .. } => (11, Some("pass a typed buffer")),
             Error::WrongDevice { .. } => (12, None),
             Error::PeerTimeout { .. } => (13, Some("a peer died, diverged")),
             Error::PeerSetupFailed { .. } => (14, None),
@@ -441,6 +488,11 @@ mod tests {
             Error::InvalidCollective { .. } => (27, None),
             Error::InvalidShape { .. } => (28, None),
             Error::MulticastUnavailable { .. } => (29, Some("set Config::multicast to Auto")),
+            Error::PoolExhausted { .. } => (30, Some("raise Config::pool_bytes")),
+            Error::ForeignPoolBuffer { .. } => {
+                (31, Some("allocate it with this communicator's alloc_symmetric"))
+            }
+            Error::PoolMismatch { .. } => (32, Some("same sequence of alloc_symmetric calls")),
         }
     }
 
@@ -550,6 +602,17 @@ mod tests {
             Error::MulticastUnavailable {
                 reason: "NCCL_NVLS_ENABLE=0 vetoes it".into(),
             },
+            Error::PoolExhausted {
+                requested: 4096,
+                largest: 256,
+                free: 512,
+                capacity: 1024,
+            },
+            Error::ForeignPoolBuffer {
+                expected: 1,
+                found: 2,
+            },
+            Error::PoolMismatch { rank: 0, peer: 3 },
         ]
     }
 

@@ -53,7 +53,7 @@ pub mod __codec {
 pub use bootstrap::{
     Bootstrap, LocalHub, NcclBootstrap, PeerCheck, PeerCredentials, SocketStore, StoreAddress, StoreOptions,
 };
-pub use communicator::{Communicator, LOG_ENV};
+pub use communicator::{Communicator, SymmetricTensor, LOG_ENV};
 pub use config::{
     validate_world, Algorithm, Config, Crossovers, Measured, Multicast, TuningProblem, TuningTable,
     CHECK_ENV, TUNING_ENV, TUNING_FORMAT, TUNING_VERSION, VERSION,

@@ -418,16 +418,7 @@ fn bad_inputs_return_typed_errors_and_touch_nothing(ctx: Arc<CudaContext>) {
             capacity: 4096
         })
     ));
-    let misaligned = input.slice(1..1001);
-    assert!(matches!(
-        comms[0].all_reduce(&misaligned, &mut output.slice_mut(0..1000), s),
-        Err(Error::Misaligned { which: "input", .. })
-    ));
-    let aligned = input.slice(0..1000);
-    assert!(matches!(
-        comms[0].all_reduce(&aligned, &mut output.slice_mut(2..1002), s),
-        Err(Error::Misaligned { which: "output", .. })
-    ));
+    // Views at any element offset are valid calls now (tests/gpu_pool.rs reduces them).
     // Nothing was launched: the output still holds the sentinel, and the communicator works.
     s.synchronize().unwrap();
     assert_eq!(s.clone_dtoh(&output).unwrap(), sentinel);

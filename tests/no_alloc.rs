@@ -45,6 +45,38 @@ fn eager_calls_of_every_kind_allocate_nothing(ctx: Arc<CudaContext>) {
                 .collect()
         })
         .collect();
+    // Pool buffers (allocated before counting): zero-copy in place and out of place from them.
+    let mut pools: Vec<Vec<_>> = sizes
+        .iter()
+        .map(|&n| {
+            (0..world)
+                .map(|r| comms[r].alloc_symmetric::<bf16>(n, &streams[r]).unwrap())
+                .collect()
+        })
+        .collect();
+    let mut pool_outs: Vec<Vec<_>> = sizes
+        .iter()
+        .map(|&n| {
+            (0..world)
+                .map(|r| streams[r].alloc_zeros::<bf16>(n).unwrap())
+                .collect()
+        })
+        .collect();
+    let mut pool_round = |pool_outs: &mut Vec<Vec<_>>| {
+        for i in 0..sizes.len() {
+            for r in 0..world {
+                streams[r].memcpy_dtod(&inputs[i][r], &mut pools[i][r]).unwrap();
+            }
+            for r in 0..world {
+                comms[r]
+                    .all_reduce(&pools[i][r], &mut pool_outs[i][r], &streams[r])
+                    .unwrap();
+            }
+            for r in 0..world {
+                comms[r].all_reduce_pool(&mut pools[i][r], &streams[r]).unwrap();
+            }
+        }
+    };
     let round = |outputs: &mut Vec<Vec<_>>| {
         for (i, &n) in sizes.iter().enumerate() {
             for r in 0..world {
@@ -73,6 +105,7 @@ fn eager_calls_of_every_kind_allocate_nothing(ctx: Arc<CudaContext>) {
     };
     // Warm-up: first calls may initialise lazily (cudarc, the driver, NVTX's switch).
     round(&mut outputs);
+    pool_round(&mut pool_outs);
     for s in &streams {
         s.synchronize().unwrap();
     }
@@ -80,6 +113,7 @@ fn eager_calls_of_every_kind_allocate_nothing(ctx: Arc<CudaContext>) {
     let rounds = 200;
     for _ in 0..rounds {
         round(&mut outputs);
+        pool_round(&mut pool_outs);
     }
     let during = allocations() - before;
     for (r, s) in streams.iter().enumerate() {
@@ -94,9 +128,14 @@ fn eager_calls_of_every_kind_allocate_nothing(ctx: Arc<CudaContext>) {
                 host.iter().all(|&x| x == bf16::from_f32(3.0)),
                 "size {n} rank {r}"
             );
+            let host = streams[r].clone_dtoh(&pool_outs[i][r]).unwrap();
+            assert!(
+                host.iter().all(|&x| x == bf16::from_f32(3.0)),
+                "pool input, size {n} rank {r}"
+            );
         }
     }
-    let calls = rounds * sizes.len() * world * 5;
+    let calls = rounds * sizes.len() * world * 7;
     assert_eq!(during, 0, "{during} allocations in {calls} calls");
     eprintln!("no_alloc: {calls} calls, {during} allocations");
 }

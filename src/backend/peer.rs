@@ -1,6 +1,7 @@
 //! The peer-kernel data path: the symmetric workspace, the error word its kernels report
 //! through, the kernel table, and the argument block every launch passes.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::{CudaFunction, CudaStream};
@@ -24,10 +25,11 @@ use crate::symmetric::{Layout, Workspace, DATA_OFFSET, SIGNAL_OFFSET, STATE_OFFS
 #[derive(Debug)]
 pub(crate) struct PeerBackend {
     // Field order is drop order: the multicast object is unmapped, unbound and released
-    // before the workspace's allocations; unmap before freeing the error word.
+    // before the workspace's allocations; unmap before freeing the error word. The workspace
+    // is shared with the symmetric pool's buffers, which keep it mapped while they live.
     /// The multicast object over every rank's allocation, or why there is none.
     multicast: std::result::Result<MulticastMapping, String>,
-    workspace: Workspace,
+    workspace: Arc<Workspace>,
     error: ErrorWord,
     kernels: Kernels,
     args: SymmArgs,
@@ -62,12 +64,13 @@ impl PeerBackend {
             world: world as u32,
             check_shape: 0,
             check_len: 0,
+            pool_tag: 0,
         };
         let pdl = config.pdl && kernels.supports_pdl();
         let check = config.check_divergence;
         PeerBackend {
             multicast: Err("Config::multicast is Off".into()),
-            workspace,
+            workspace: Arc::new(workspace),
             error,
             kernels,
             args,
@@ -100,6 +103,11 @@ impl PeerBackend {
         self.workspace.layout()
     }
 
+    /// The workspace, for the symmetric pool (its buffers keep it mapped).
+    pub(crate) fn workspace(&self) -> &Arc<Workspace> {
+        &self.workspace
+    }
+
     /// This rank's symmetric buffer.
     pub(crate) fn symmetric_buffer(&self) -> u64 {
         self.workspace.symmetric_buffer(self.args.rank as usize)
@@ -118,14 +126,16 @@ impl PeerBackend {
         }
     }
 
-    /// Launches `kernel` over the call's buffers. The caller validated the shape (16-byte
-    /// aligned buffers of `input_len` elements on this rank's device) and made the context
-    /// current.
-    pub(crate) fn launch(
+    /// Launches `kernel` over the call's buffers, with a pool tag (kernels/pool.cuh; 0 off
+    /// the pool: the zero-copy kernel compares it across ranks before touching the buffer).
+    /// The caller validated the shape (buffers of `input_len` elements, aligned to their
+    /// element, on this rank's device) and made the context current.
+    pub(crate) fn launch_tagged(
         &self,
         kernel: Kernel,
         plan: Plan,
         call: &CallShape,
+        pool_tag: u64,
         stream: &CudaStream,
     ) -> Result<()> {
         let func = self.kernels.get(kernel, call.dtype)?;
@@ -137,11 +147,12 @@ impl PeerBackend {
             }
             _ => call.input_addr,
         };
+        let args = self.call_args(Some(kernel), call.dtype, call.input_len, pool_tag);
         self.launch_function(
             func,
             plan,
             (input, call.output_addr, call.input_len),
-            self.check_shape(Some(kernel), call.dtype),
+            args,
             stream,
         )
     }
@@ -199,8 +210,8 @@ impl PeerBackend {
         stream: &CudaStream,
     ) -> Result<()> {
         let func = self.kernels.get(Kernel::ReduceScatter, dtype)?;
-        let shape = self.check_shape(Some(Kernel::ReduceScatter), dtype);
-        self.launch_function(func, plan, (input, output, len), shape, stream)
+        let args = self.call_args(Some(Kernel::ReduceScatter), dtype, len, 0);
+        self.launch_function(func, plan, (input, output, len), args, stream)
     }
 
     /// Launches a residual + RMSNorm kernel: a fused all-reduce one (`FusedOneShot`,
@@ -226,7 +237,7 @@ impl PeerBackend {
 
     /// Launches the body-less kernel with `plan`'s grid.
     pub(crate) fn launch_empty(&self, plan: Plan, stream: &CudaStream) -> Result<()> {
-        self.launch_function(self.kernels.empty(), plan, (0, 0, 0), 0, stream)
+        self.launch_function(self.kernels.empty(), plan, (0, 0, 0), self.args, stream)
     }
 
     /// Launches the protocol alone (one flag exchange per block) with `plan`'s grid: a call
@@ -238,17 +249,19 @@ impl PeerBackend {
         len: usize,
         stream: &CudaStream,
     ) -> Result<()> {
-        let shape = self.check_shape(None, dtype);
-        self.launch_function(self.kernels.sync_floor(), plan, (0, 0, len), shape, stream)
+        let args = self.call_args(None, dtype, len, 0);
+        self.launch_function(self.kernels.sync_floor(), plan, (0, 0, len), args, stream)
     }
 
-    /// What the divergence check announces for a call of `kernel` (`None`: the sync floor)
-    /// on `dtype`; 0 when the check is off.
-    fn check_shape(&self, kernel: Option<Kernel>, dtype: DType) -> u64 {
-        if self.check {
-            check_shape(kernel, dtype)
-        } else {
-            0
+    /// The argument block of one call: the divergence check's announcement of a call of
+    /// `kernel` (`None`: the sync floor) on `len` elements of `dtype` (when the check is on),
+    /// and the pool tag (0 off the pool).
+    fn call_args(&self, kernel: Option<Kernel>, dtype: DType, len: usize, pool_tag: u64) -> SymmArgs {
+        SymmArgs {
+            check_shape: if self.check { check_shape(kernel, dtype) } else { 0 },
+            check_len: len as u64,
+            pool_tag,
+            ..self.args
         }
     }
 
@@ -259,7 +272,7 @@ impl PeerBackend {
             blocks: 1,
             threads: 32,
         };
-        self.launch_function(self.kernels.spin(), one, (0, 0, ns as usize), 0, stream)
+        self.launch_function(self.kernels.spin(), one, (0, 0, ns as usize), self.args, stream)
     }
 
     /// Sets this rank's completed-call counter (tests: the protocol near 2^31 and 2^32).
@@ -283,14 +296,9 @@ impl PeerBackend {
         func: &CudaFunction,
         plan: Plan,
         (input, output, len): (u64, u64, usize),
-        check_shape: u64,
+        args: SymmArgs,
         stream: &CudaStream,
     ) -> Result<()> {
-        let args = SymmArgs {
-            check_shape,
-            check_len: len as u64,
-            ..self.args
-        };
         // SAFETY: every kernel of the table (and the empty one) takes (const T*, T*, u64,
         // SymmArgs) with T the table column's dtype; the caller validated the ranges; the
         // workspace and the error word in `args` outlive the launch because the communicator's

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{sys, CudaStream, DevicePtr, DevicePtrMut};
 
-use super::{Communicator, Paths};
+use super::{Communicator, Paths, SymmetricTensor};
 use crate::config::Algorithm;
 use crate::driver::nvtx;
 use crate::dtype::{DType, Element};
@@ -17,7 +17,11 @@ use crate::plan::validate::{validate_call, validate_lengths, validate_placement,
 impl Communicator {
     /// Sums `input` over all ranks into `output` (out of place), choosing the path by size
     /// (see [`path`](Self::path)). All ranks must make the same sequence of calls with the
-    /// same lengths.
+    /// same lengths. Inputs and outputs may be views at any element offset. With
+    /// `Algorithm::Auto`, an `input` that is (a 16-byte aligned view of) one of this
+    /// communicator's pool buffers ([`alloc_symmetric`](Self::alloc_symmetric)) is read in
+    /// place by the zero-copy two-shot, up to `capacity_bytes` ([`pool_path`](Self::pool_path)
+    /// with `out_of_place`); every rank then passes its buffer of the same allocation.
     pub fn all_reduce<T: Element>(
         &self,
         input: &impl DevicePtr<T>,
@@ -48,7 +52,6 @@ impl Communicator {
             stream_device: stream.context().ordinal(),
         };
         validate_lengths(&shape)?;
-        let route = self.route(CallKind::Buffers, shape.input_len, T::DTYPE, algorithm)?;
         let book = self.bookkeeping(stream)?;
         let (in_ptr, read) = input.device_ptr(book);
         let (out_ptr, write) = output.device_ptr_mut(book);
@@ -58,10 +61,25 @@ impl Communicator {
             output_addr: out_ptr,
             ..shape
         };
-        self.run::<T>(&shape, &route, stream)
+        // An input in this communicator's pool (16-byte aligned) is read in place.
+        let tag = match algorithm {
+            Algorithm::Auto => self.zero_copy_tag(in_ptr, shape.input_len * T::DTYPE.size()),
+            _ => None,
+        };
+        let (kind, tag) = match tag {
+            Some(tag) => (CallKind::PoolInput, tag),
+            None => (CallKind::Buffers, 0),
+        };
+        let route = self.route(kind, shape.input_len, T::DTYPE, algorithm)?;
+        self.run::<T>(&shape, &route, tag, stream)
     }
 
-    /// Sums `buffer` over all ranks in place.
+    /// Sums `buffer` over all ranks in place. With `Algorithm::Auto`, a 16-byte aligned
+    /// buffer (or view) that lies inside one of this communicator's pool buffers
+    /// ([`alloc_symmetric`](Self::alloc_symmetric)) is reduced zero-copy: the in-place kernel
+    /// reads every rank's copy of it directly ([`pool_path`](Self::pool_path) says where it
+    /// goes). Anything else, a pool buffer of another communicator included, is an ordinary
+    /// buffer: copied in, at any element offset.
     pub fn all_reduce_in_place<T: Element>(
         &self,
         buffer: &mut impl DevicePtrMut<T>,
@@ -73,15 +91,43 @@ impl Communicator {
         let device = buffer.stream().context().ordinal();
         let stream_device = stream.context().ordinal();
         validate_lengths(&CallShape::in_place(T::DTYPE, len, 0, device, stream_device))?;
-        let route = self.route(CallKind::Buffers, len, T::DTYPE, algorithm)?;
         let book = self.bookkeeping(stream)?;
         let (ptr, write) = buffer.device_ptr_mut(book);
         let _records = self.settle(book, stream, write)?;
-        self.run::<T>(
-            &CallShape::in_place(T::DTYPE, len, ptr, device, stream_device),
-            &route,
-            stream,
-        )
+        let shape = CallShape::in_place(T::DTYPE, len, ptr, device, stream_device);
+        let tag = match algorithm {
+            Algorithm::Auto => self.zero_copy_tag(ptr, len * T::DTYPE.size()),
+            _ => None,
+        };
+        let (kind, tag) = match tag {
+            Some(tag) => (CallKind::Pool, tag),
+            None => (CallKind::Buffers, 0),
+        };
+        let route = self.route(kind, len, T::DTYPE, algorithm)?;
+        self.run::<T>(&shape, &route, tag, stream)
+    }
+
+    /// Sums a buffer of this communicator's symmetric pool over all ranks, in place and
+    /// zero-copy ([`pool_path`](Self::pool_path)): every rank passes its buffer of the same
+    /// allocation. The agreement is checked on the device before any data is touched; a
+    /// divergence is [`Error::PoolMismatch`] on every rank (reported by this call or the next,
+    /// as a peer timeout is), nothing reduced. A pool buffer of another communicator is
+    /// refused with [`Error::ForeignPoolBuffer`] (pass it to
+    /// [`all_reduce_in_place`](Self::all_reduce_in_place) to reduce it as an ordinary buffer).
+    pub fn all_reduce_pool<T: Element>(
+        &self,
+        buffer: &mut SymmetricTensor<T>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.check_usable()?;
+        let pool = self.pool()?;
+        if buffer.pool_id() != pool.id() {
+            return Err(Error::ForeignPoolBuffer {
+                expected: pool.id(),
+                found: buffer.pool_id(),
+            });
+        }
+        self.all_reduce_in_place(buffer, stream, Algorithm::Auto)
     }
 
     /// Device address of this rank's symmetric buffer: [`crate::Layout::data_bytes`] bytes
@@ -123,7 +169,7 @@ impl Communicator {
         let shape = CallShape::in_place(T::DTYPE, len, ptr, self.device(), stream.context().ordinal());
         validate_call(&shape, self.device(), self.config.capacity_bytes)?;
         let route = self.route(CallKind::Symmetric, len, T::DTYPE, algorithm)?;
-        self.run::<T>(&shape, &route, stream)
+        self.run::<T>(&shape, &route, 0, stream)
     }
 
     /// Copies `src` to the start of this rank's symmetric buffer (asynchronously, capturable).
@@ -352,11 +398,13 @@ impl Communicator {
         Ok(())
     }
 
-    /// Validates placement for the route's target and runs it.
+    /// Validates placement for the route's target and runs it (`pool_tag`: see
+    /// kernels/pool.cuh; 0 off the pool).
     pub(super) fn run<T: Element>(
         &self,
         shape: &CallShape,
         route: &Route,
+        pool_tag: u64,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let _range = nvtx::Range::new(|| {
@@ -373,7 +421,7 @@ impl Communicator {
                 let peer = self.peer()?;
                 self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
                 self.order_after_previous_call(stream)?;
-                peer.launch(kernel, plan, shape, stream)
+                peer.launch_tagged(kernel, plan, shape, pool_tag, stream)
             }
             Target::Nccl => {
                 validate_placement(shape, self.device(), false)?;

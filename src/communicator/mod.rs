@@ -6,6 +6,9 @@ mod call;
 mod collectives;
 mod fused;
 mod local_group;
+mod pool;
+
+pub use pool::SymmetricTensor;
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -76,6 +79,8 @@ enum Paths {
 pub struct Communicator {
     // Field order is drop order: after `Drop` synchronised, the data paths go first.
     paths: Paths,
+    /// The symmetric pool (`None` without peer kernels or with `Config::pool_bytes` 0).
+    pool: Option<Arc<pool::Pool>>,
     ctx: Arc<CudaContext>,
     rank: usize,
     world: usize,
@@ -197,10 +202,15 @@ impl Communicator {
         } else {
             None
         };
+        let pool = match &paths {
+            Paths::Peer { peer, .. } => pool::Pool::new(peer.workspace(), s.rank),
+            Paths::NcclOnly { .. } => None,
+        };
         let comm = Communicator {
             order: RefCell::new(StreamOrder { last: None, event }),
             shadow: Shadow { stream: shadow, join },
             paths,
+            pool,
             ctx: s.ctx,
             rank: s.rank,
             world: s.world,
@@ -263,6 +273,21 @@ impl Communicator {
     /// the same.
     pub fn path(&self, len: usize, dtype: DType, algorithm: Algorithm) -> Result<PathDecision> {
         self.explain(CallKind::Buffers, len, dtype, algorithm)
+    }
+
+    /// Where a zero-copy call on a pool buffer of `len` elements goes
+    /// ([`all_reduce_pool`](Self::all_reduce_pool), or `all_reduce_in_place` with
+    /// `Algorithm::Auto` on a 16-byte aligned view of a pool buffer): "zero-copy (pool)", the
+    /// in-place two-shot kernel reading the peers' pool memory, or NCCL.
+    /// `out_of_place`: where `all_reduce` from a pool buffer into another buffer goes (the
+    /// zero-copy two-shot up to `capacity_bytes`, then what an ordinary buffer gets).
+    pub fn pool_path(&self, len: usize, dtype: DType, out_of_place: bool) -> Result<PathDecision> {
+        let kind = if out_of_place {
+            CallKind::PoolInput
+        } else {
+            CallKind::Pool
+        };
+        self.explain(kind, len, dtype, Algorithm::Auto)
     }
 
     /// Where [`all_reduce_symmetric`](Self::all_reduce_symmetric) of `len` elements goes: the
@@ -401,6 +426,17 @@ impl Communicator {
             },
             Paths::NcclOnly { .. } => "multicast (NVLS): off (the peer kernels are not set up)\n".to_string(),
         };
+        if self.pool.is_some() {
+            let (free, largest) = self.pool_free();
+            s += &format!(
+                "symmetric pool: {} bytes, {free} free (largest region {largest}); zero-copy calls: {}\n",
+                self.layout().pool_bytes,
+                match self.pool_path(1 << 20, DType::BF16, false) {
+                    Ok(p) => p.to_string(),
+                    Err(e) => format!("refused: {e}"),
+                }
+            );
+        }
         s += &match (self.nccl(), self.nccl_unavailable()) {
             (Ok(f), _) => format!("NCCL fallback: {}\n", f.describe()),
             (Err(_), Some(why)) => format!("NCCL fallback: none ({why})\n"),

@@ -66,6 +66,10 @@ pub(crate) fn describe_call(shape: u64, len: u64) -> String {
         .map_or("an unknown dtype", |d| d.name());
     format!("{kernel} of {len} {dtype} elements")
 }
+/// Error word kind 4: a zero-copy pool call whose pool tag differs between ranks.
+pub(crate) const ERROR_POOL_MISMATCH: u32 = 4;
+/// The last bytes of every rank's allocation: the pool tags, `[parity 2]` of u64.
+pub(crate) const POOL_TAG_BYTES: usize = 256;
 
 /// Kernel parameter block; mirrors `symm::SymmArgs` in kernels/abi.cuh.
 #[repr(C)]
@@ -86,10 +90,12 @@ pub(crate) struct SymmArgs {
     /// Divergence check: this call's [`check_shape`] (0: check off) and length.
     pub(crate) check_shape: u64,
     pub(crate) check_len: u64,
+    /// Zero-copy pool calls: the digest every rank compares on the device (kernels/pool.cuh).
+    pub(crate) pool_tag: u64,
 }
 
-// The device struct: ten u64, two u32, two u64, no padding: 104 bytes, 8-aligned.
-const _: () = assert!(std::mem::size_of::<SymmArgs>() == 104);
+// The device struct: ten u64, two u32, three u64, no padding: 112 bytes, 8-aligned.
+const _: () = assert!(std::mem::size_of::<SymmArgs>() == 112);
 const _: () = assert!(std::mem::align_of::<SymmArgs>() == 8);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, ll_offset) == 48);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, error) == 64);
@@ -98,6 +104,7 @@ const _: () = assert!(std::mem::offset_of!(SymmArgs, rank) == 80);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, world) == 84);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, check_shape) == 88);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, check_len) == 96);
+const _: () = assert!(std::mem::offset_of!(SymmArgs, pool_tag) == 104);
 
 // SAFETY: SymmArgs is a #[repr(C)] struct of plain integers with the same layout as the
 // device-side struct (asserted above and in kernels/abi.cuh).
@@ -144,6 +151,7 @@ pub(crate) fn decode_error(code: u32, record: DivergenceRecord, timeout: Duratio
                 peer_call,
             }
         }
+        ERROR_POOL_MISMATCH => Error::PoolMismatch { rank, peer },
         _ => Error::KernelFault { code },
     }
 }
@@ -172,6 +180,10 @@ mod tests {
                 phase: BarrierPhase::Start,
                 ..
             }
+        ));
+        assert!(matches!(
+            decode_error(4 | (6 << 16) | (1 << 24), [0; 4], t),
+            Error::PoolMismatch { rank: 1, peer: 6 }
         ));
         assert!(matches!(
             decode_error(0x42, [0; 4], t),
@@ -242,6 +254,8 @@ mod tests {
         assert_eq!(get("THREADS"), THREADS_PER_BLOCK as u64);
         assert_eq!(get("ERROR_PEER_TIMEOUT"), ERROR_PEER_TIMEOUT as u64);
         assert_eq!(get("ERROR_DIVERGED"), ERROR_DIVERGED as u64);
+        assert_eq!(get("ERROR_POOL_MISMATCH"), ERROR_POOL_MISMATCH as u64);
+        assert_eq!(get("POOL_TAG_BYTES"), POOL_TAG_BYTES as u64);
         assert_eq!(get("CHECK_OFFSET"), CHECK_OFFSET as u64);
         assert_eq!(get("SLOTS_PER_ROW"), SLOTS_PER_ROW as u64);
         assert_eq!(get("SIGNAL_PHASES"), SIGNAL_PHASES as u64);
@@ -251,7 +265,7 @@ mod tests {
             "abi.cuh asserts the call state's size"
         );
         assert!(
-            header.contains("sizeof(SymmArgs) == 104"),
+            header.contains("sizeof(SymmArgs) == 112"),
             "abi.cuh asserts the size"
         );
     }

@@ -37,6 +37,8 @@ pub(crate) enum Kernel {
     /// The in-place two-shot body over the multimem (NVLS) policy: sm_90+, needs a multicast
     /// object bound to every rank's allocation (kernels/multimem.cu).
     InPlaceMultimem,
+    /// Zero-copy out of place from a pool buffer (kernels/pool_two_shot.cuh).
+    PoolTwoShot,
 }
 
 /// One registry row.
@@ -51,7 +53,7 @@ pub(crate) struct KernelSpec {
 }
 
 /// Every kernel, in table order.
-pub(crate) const KERNELS: [KernelSpec; 10] = [
+pub(crate) const KERNELS: [KernelSpec; 11] = [
     KernelSpec {
         kernel: Kernel::OneShot,
         prefix: "one_shot",
@@ -112,6 +114,12 @@ pub(crate) const KERNELS: [KernelSpec; 10] = [
         min_arch: 90,
         family: Family::TwoShot,
     },
+    KernelSpec {
+        kernel: Kernel::PoolTwoShot,
+        prefix: "pool_two_shot",
+        min_arch: 80,
+        family: Family::TwoShot,
+    },
 ];
 
 /// The body-less kernel with the common signature (the benchmark's launch floor).
@@ -136,6 +144,7 @@ impl Kernel {
             Kernel::FusedTwoShot => 7,
             Kernel::RmsNorm => 8,
             Kernel::InPlaceMultimem => 9,
+            Kernel::PoolTwoShot => 10,
         }
     }
 

@@ -69,6 +69,13 @@ pub(crate) fn explain(
             "symmetric-buffer call: multimem (NVLS) in-place two-shot ({bytes} bytes > one-shot limit ({limit}), \
              multicast set up, Config::reproducible off: the switch's summation order is not the peer kernels')"
         ),
+        Rule::Pool => {
+            "zero-copy (pool): in-place two-shot reading every rank's copy of the pool buffer, no copy-in"
+                .to_string()
+        }
+        Rule::PoolInput => {
+            "zero-copy (pool): two-shot reading every rank's copy of the pool input, no copy-in".to_string()
+        }
         Rule::Size => match algorithm {
             Algorithm::LowLatency => format!("{bytes} bytes <= low-latency limit ({ll_limit}{from_table})"),
             _ if facts.world == 1 => "one rank: one-shot copy".to_string(),
@@ -457,6 +464,63 @@ mod tests {
         let p = decide_path(4 << 20, DType::BF16, &tuned, Algorithm::Auto, no_nccl).unwrap();
         assert_eq!(p.algorithm, Algorithm::TwoShot);
         assert!(p.reason.contains("(4194304) is ignored"), "{p}");
+    }
+
+    #[test]
+    fn pool_calls_are_zero_copy_at_any_size_unless_nccl_is_configured() {
+        let c = Config {
+            capacity_bytes: 1 << 20,
+            nccl_above_bytes: Some(1 << 10),
+            ..Config::default()
+        };
+        let f = facts(Ok(()), Ok(()));
+        for len in [1usize, 100, 1 << 20, 64 << 20] {
+            let r = route(CallKind::Pool, len, DType::BF16, &c, Algorithm::Auto, f).unwrap();
+            assert!(matches!(
+                r.target,
+                Target::Kernel(crate::kernels::registry::Kernel::InPlace, _)
+            ));
+            let p = explain(&r, Algorithm::Auto, &c, f);
+            assert!(p.reason.starts_with("zero-copy (pool)"), "{p}");
+            assert_eq!(p.algorithm, Algorithm::TwoShot);
+        }
+        let nccl = Config {
+            algorithm: Algorithm::Nccl,
+            ..c.clone()
+        };
+        let r = route(CallKind::Pool, 8, DType::BF16, &nccl, Algorithm::Auto, f).unwrap();
+        assert_eq!(r.target, Target::Nccl);
+        let r = route(
+            CallKind::Pool,
+            8,
+            DType::BF16,
+            &c,
+            Algorithm::Auto,
+            facts(Err("no P2P"), Ok(())),
+        )
+        .unwrap();
+        assert_eq!(r.target, Target::Nccl);
+        // Out of place from a pool buffer: the zero-copy two-shot up to the capacity, then
+        // what an ordinary buffer gets (here NCCL, above the capacity with a fallback).
+        for len in [1usize, 1000, 1 << 19] {
+            let r = route(CallKind::PoolInput, len, DType::BF16, &c, Algorithm::Auto, f).unwrap();
+            assert!(matches!(
+                r.target,
+                Target::Kernel(crate::kernels::registry::Kernel::PoolTwoShot, _)
+            ));
+            let p = explain(&r, Algorithm::Auto, &c, f);
+            assert!(p.reason.starts_with("zero-copy (pool)"), "{p}");
+        }
+        let r = route(
+            CallKind::PoolInput,
+            (1 << 19) + 1,
+            DType::BF16,
+            &c,
+            Algorithm::Auto,
+            f,
+        )
+        .unwrap();
+        assert_eq!(r.target, Target::Nccl);
     }
 
     #[test]

@@ -40,7 +40,9 @@ pub(crate) fn choose(
 pub(crate) fn grid(kernel: Kernel, len: usize, dtype: DType, world: usize, limits: Limits) -> Plan {
     let packs = len / dtype.per_pack();
     let work = match kernel {
-        Kernel::TwoShot | Kernel::InPlace | Kernel::InPlaceMultimem => packs.div_ceil(world),
+        Kernel::TwoShot | Kernel::InPlace | Kernel::InPlaceMultimem | Kernel::PoolTwoShot => {
+            packs.div_ceil(world)
+        }
         Kernel::LowLatency => (len * dtype.size()).div_ceil(16),
         // Reduce-scatter: `len` is the per-rank output (one slice); all-gather: `len` is the
         // largest per-rank chunk (its grid is sized in plan::collective).

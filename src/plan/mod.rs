@@ -29,7 +29,7 @@ pub(crate) const fn algorithm_of(kernel: Kernel) -> Algorithm {
         | Kernel::ReduceScatter
         | Kernel::FusedOneShot
         | Kernel::RmsNorm => Algorithm::OneShot,
-        Kernel::TwoShot | Kernel::InPlace | Kernel::FusedTwoShot => Algorithm::TwoShot,
+        Kernel::TwoShot | Kernel::InPlace | Kernel::FusedTwoShot | Kernel::PoolTwoShot => Algorithm::TwoShot,
         Kernel::LowLatency => Algorithm::LowLatency,
         Kernel::InPlaceMultimem => Algorithm::Multimem,
     }

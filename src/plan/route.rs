@@ -15,6 +15,13 @@ pub(crate) enum CallKind {
     Buffers,
     /// The symmetric buffer itself: the zero-copy in-place two-shot kernel.
     Symmetric,
+    /// A buffer of the communicator's symmetric pool, reduced in place (the caller checked
+    /// that it lies in one pool buffer and is 16-byte aligned): zero-copy, not bounded by
+    /// `capacity_bytes` or `nccl_above_bytes` (the data never passes the workspace).
+    Pool,
+    /// Out of place from a pool buffer (checked by the caller as for `Pool`): the zero-copy
+    /// two-shot, whose reduced slices pass the data buffers, so up to `capacity_bytes`.
+    PoolInput,
 }
 
 /// What a communicator can do, as far as routing is concerned.
@@ -56,6 +63,10 @@ pub(crate) enum Rule {
     /// `Auto` on the symmetric buffer above the one-shot range, multicast set up and
     /// `Config::reproducible` off: the multimem in-place kernel.
     Multimem,
+    /// A call on a pool buffer: the in-place kernel on the pool, zero-copy.
+    Pool,
+    /// An out-of-place call from a pool buffer: the zero-copy two-shot.
+    PoolInput,
 }
 
 /// Where one call goes.
@@ -95,7 +106,8 @@ impl Route {
 /// 2. no symmetric workspace → NCCL;
 /// 3. a symmetric-buffer call → the multimem in-place kernel when asked for (an error without
 ///    multicast), or under `Auto` above the one-shot limit when multicast is set up and
-///    `Config::reproducible` is off; otherwise the in-place kernel;
+///    `Config::reproducible` is off; otherwise the in-place kernel; a pool call → the in-place kernel on the pool buffer (any
+///    size: it never passes the workspace);
 /// 4. a kernel asked for (or configured) → that kernel;
 /// 5. `Auto`: above `nccl_above_bytes` (or the tuning table's two-shot maximum), or above
 ///    `capacity_bytes`, → NCCL when there is a fallback; otherwise the size rule of [`choose`].
@@ -142,6 +154,20 @@ pub(crate) fn route(
             }),
         };
     }
+    let zero_copy = match kind {
+        CallKind::Pool => Some((Kernel::InPlace, Rule::Pool)),
+        CallKind::PoolInput if bytes <= config.capacity_bytes => Some((Kernel::PoolTwoShot, Rule::PoolInput)),
+        _ => None,
+    };
+    if let Some((kernel, rule)) = zero_copy {
+        return Ok(Route {
+            target: Target::Kernel(kernel, grid(kernel, len, dtype, facts.world, facts.limits)),
+            rule,
+            bytes,
+            dtype,
+            threshold_ignored: false,
+        });
+    }
     let mut threshold_ignored = false;
     if chosen == Algorithm::Auto {
         if config
@@ -183,7 +209,7 @@ pub(crate) fn route(
         {
             (Kernel::InPlaceMultimem, Rule::Multimem)
         }
-        CallKind::Symmetric => (Kernel::InPlace, Rule::Symmetric),
+        CallKind::Symmetric | CallKind::Pool => (Kernel::InPlace, Rule::Symmetric),
         CallKind::Buffers if requested == Algorithm::Multimem => {
             return Err(Error::InvalidConfig(
                 "Algorithm::Multimem runs only the zero-copy call on the symmetric buffer \
@@ -191,7 +217,7 @@ pub(crate) fn route(
                     .into(),
             ))
         }
-        CallKind::Buffers => {
+        CallKind::Buffers | CallKind::PoolInput => {
             let rule = match (requested, config.algorithm) {
                 (Algorithm::Auto, Algorithm::Auto) => Rule::Size,
                 (Algorithm::Auto, _) => Rule::Configured,
@@ -290,9 +316,16 @@ mod tests {
                         Algorithm::Nccl,
                         Algorithm::Multimem,
                     ] {
-                        for kind in [CallKind::Buffers, CallKind::Symmetric] {
+                        for kind in [
+                            CallKind::Buffers,
+                            CallKind::Symmetric,
+                            CallKind::Pool,
+                            CallKind::PoolInput,
+                        ] {
                             // A refusal may allocate its message (Multimem on a buffer call).
-                            if algo == Algorithm::Multimem && kind == CallKind::Buffers {
+                            if algo == Algorithm::Multimem
+                                && matches!(kind, CallKind::Buffers | CallKind::PoolInput)
+                            {
                                 continue;
                             }
                             if let Ok(r) = route(kind, len, dtype, config, algo, facts) {

@@ -75,7 +75,9 @@ pub(crate) fn validate_lengths(shape: &CallShape) -> Result<()> {
     Ok(())
 }
 
-/// Devices, and 16-byte alignment where the kernels run (NCCL needs none).
+/// Devices, and alignment to the element size where the kernels run (NCCL needs none). Any
+/// element offset works: the kernels load and store unaligned views element by element
+/// (kernels/unaligned.cuh); only a raw address inside an element is refused.
 pub(crate) fn validate_placement(shape: &CallShape, rank_device: usize, aligned: bool) -> Result<()> {
     for (which, found) in [
         ("stream", shape.stream_device),
@@ -91,7 +93,7 @@ pub(crate) fn validate_placement(shape: &CallShape, rank_device: usize, aligned:
         }
     }
     for (which, address) in [("input", shape.input_addr), ("output", shape.output_addr)] {
-        if aligned && address % 16 != 0 {
+        if aligned && address % shape.dtype.size() as u64 != 0 {
             return Err(Error::Misaligned { which, address });
         }
     }
@@ -136,14 +138,22 @@ mod tests {
             })
         ));
         assert!(validate_call(&shape(512), 0, 1024).is_ok());
+        // Views at any element offset are fine; an address inside an element is not.
+        for offset in [2u64, 6, 8, 14] {
+            let mut s = shape(100);
+            s.input_addr += offset;
+            s.output_addr += offset + 2;
+            assert!(validate_call(&s, 0, 1 << 20).is_ok(), "offset {offset}");
+        }
         let mut s = shape(100);
-        s.input_addr += 2;
+        s.input_addr += 1;
         assert!(matches!(
             validate_call(&s, 0, 1 << 20),
             Err(Error::Misaligned { which: "input", .. })
         ));
         let mut s = shape(100);
-        s.output_addr += 8;
+        s.dtype = DType::F32;
+        s.output_addr += 2;
         assert!(matches!(
             validate_call(&s, 0, 1 << 20),
             Err(Error::Misaligned { which: "output", .. })

@@ -300,6 +300,7 @@ impl State<'_> {
             self.config.capacity_bytes,
             self.config.low_latency_limit(),
             self.world,
+            self.config.pool_bytes,
             self.granularity,
         )
     }

@@ -14,19 +14,25 @@
 //! ...      data buffer, parity 1 (data_bytes)
 //! ...      symmetric buffer (data_bytes): the caller's data for the zero-copy in-place call
 //! ...      low-latency slots: [buffer 3][source rank W] × ll_slot_bytes of 16-byte lines
+//! ...      symmetric pool (pool_bytes, 4 KiB aligned): alloc_symmetric's buffers (pool.rs)
+//! end-256  pool tags: [parity 2] u64, the last POOL_TAG_BYTES of the allocation
 //! ```
 //!
 //! Setup zeroes the whole allocation and then fills the low-latency slots with all-ones
 //! words (the "not yet arrived" sentinel), so nothing a new communicator reads holds an old
-//! one's bytes.
+//! one's bytes. The pool comes last so that changes to the protocol regions in front of it do
+//! not move anything the pool allocator or its kernels rely on: the kernels find a pool
+//! buffer from its own address and the pool tags from the stride.
 
 pub(crate) mod multicast;
+pub(crate) mod pool;
 mod workspace;
 
 pub(crate) use workspace::{allocate, Workspace};
 
 use crate::kernels::abi::{
-    CHECK_BYTES, CHECK_OFFSET, LL_BUFFERS, MAX_BLOCKS, MAX_RANKS, SIGNAL_PHASES, SLOTS_PER_ROW,
+    CHECK_BYTES, CHECK_OFFSET, LL_BUFFERS, MAX_BLOCKS, MAX_RANKS, POOL_TAG_BYTES, SIGNAL_PHASES,
+    SLOTS_PER_ROW,
 };
 
 pub(crate) const SIGNAL_OFFSET: usize = 0;
@@ -47,22 +53,44 @@ pub struct Layout {
     /// Bytes of one low-latency slot: `min(low_latency_max_bytes, capacity)` rounded up to
     /// whole 16-byte lines (each line carries 16 payload bytes).
     pub ll_slot_bytes: usize,
+    /// Offset of the symmetric pool inside each rank's allocation (4 KiB aligned).
+    pub pool_offset: usize,
+    /// Bytes of the symmetric pool (`Config::pool_bytes` rounded up to 256).
+    pub pool_bytes: usize,
     /// Bytes of each rank's allocation (and the stride between ranks' mappings).
     pub alloc_bytes: usize,
 }
 
 impl Layout {
     /// The layout for `capacity` bytes per call, low-latency calls of up to
-    /// `low_latency_max` bytes, and `world` ranks.
-    pub fn new(capacity: usize, low_latency_max: usize, world: usize, granularity: usize) -> Self {
+    /// `low_latency_max` bytes, `world` ranks and a symmetric pool of `pool_bytes`.
+    pub fn new(
+        capacity: usize,
+        low_latency_max: usize,
+        world: usize,
+        pool_bytes: usize,
+        granularity: usize,
+    ) -> Self {
         let data_bytes = capacity.next_multiple_of(4096);
         let ll_slot_bytes = low_latency_max.min(capacity).next_multiple_of(16).max(16);
         let end = DATA_OFFSET + 3 * data_bytes + LL_BUFFERS * world * ll_slot_bytes;
+        // The pool after everything else; its tags in the allocation's last bytes.
+        let pool_offset = end.next_multiple_of(4096);
+        let pool_bytes = pool_bytes.next_multiple_of(256);
         Layout {
             data_bytes,
             ll_slot_bytes,
-            alloc_bytes: end.next_multiple_of(granularity),
+            pool_offset,
+            pool_bytes,
+            alloc_bytes: (pool_offset + pool_bytes + POOL_TAG_BYTES).next_multiple_of(granularity),
         }
+    }
+
+    /// Offset of the pool tags (the last `POOL_TAG_BYTES` of each rank's allocation; the
+    /// kernels find them from the stride).
+    #[cfg(test)]
+    pub(crate) fn pool_tag_offset(&self) -> usize {
+        self.alloc_bytes - POOL_TAG_BYTES
     }
 
     /// Offset of the low-latency slots inside each rank's allocation.
@@ -92,11 +120,11 @@ mod tests {
 
     #[test]
     fn layout_rounds_to_granularity_and_keeps_both_parities() {
-        let l = Layout::new(1, 32 << 10, 8, 2 << 20);
+        let l = Layout::new(1, 32 << 10, 8, 0, 2 << 20);
         assert_eq!(l.data_bytes, 4096);
         assert_eq!(l.alloc_bytes, 2 << 20);
         assert_eq!(l.ll_capacity(), 16); // one line
-        let l = Layout::new(64 << 20, 32 << 10, 8, 2 << 20);
+        let l = Layout::new(64 << 20, 32 << 10, 8, 0, 2 << 20);
         assert_eq!(l.data_bytes, 64 << 20);
         assert_eq!(l.ll_slot_bytes, 32 << 10);
         assert_eq!(l.ll_capacity(), 32 << 10);
@@ -108,10 +136,32 @@ mod tests {
             DATA_OFFSET + 3 * l.data_bytes
         );
         assert!(l.symmetric_offset() + l.data_bytes <= l.alloc_bytes);
-        let l = Layout::new(5000, 0, 3, 4096);
+        let l = Layout::new(5000, 0, 3, 0, 4096);
         assert_eq!(l.ll_slot_bytes, 16);
         assert_eq!(l.data_bytes, 8192);
         assert_eq!(l.alloc_bytes % 4096, 0);
         assert!(l.symmetric_offset() + l.data_bytes <= l.alloc_bytes);
+    }
+
+    #[test]
+    fn the_pool_comes_last_and_its_tags_end_the_allocation() {
+        for (pool, gran) in [
+            (0usize, 4096usize),
+            (1, 4096),
+            (64 << 20, 2 << 20),
+            (1000, 2 << 20),
+        ] {
+            let l = Layout::new(1 << 20, 32 << 10, 8, pool, gran);
+            assert_eq!(l.pool_bytes, pool.next_multiple_of(256));
+            assert_eq!(l.pool_offset % 4096, 0);
+            assert!(l.pool_offset >= l.ll_offset() + 2 * 8 * l.ll_slot_bytes);
+            assert!(l.pool_offset + l.pool_bytes <= l.pool_tag_offset());
+            assert_eq!(l.pool_tag_offset() + POOL_TAG_BYTES, l.alloc_bytes);
+            assert_eq!(l.alloc_bytes % gran, 0);
+            // The pool does not move what comes before it.
+            let without = Layout::new(1 << 20, 32 << 10, 8, 0, gran);
+            assert_eq!(l.ll_offset(), without.ll_offset());
+            assert_eq!(l.symmetric_offset(), without.symmetric_offset());
+        }
     }
 }

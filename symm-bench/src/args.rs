@@ -74,11 +74,12 @@ pub struct Args {
     pub dtypes: Vec<DType>,
 
     /// Algorithms: low_latency (sizes up to 32 KiB), one_shot, two_shot, auto (the library's size-based choice), symmetric
-    /// (zero-copy in place on the communicator's buffers), nccl.
+    /// (zero-copy in place on the communicator's buffers), pool (zero-copy in place on a pool
+    /// buffer from alloc_symmetric), nccl.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "low_latency,one_shot,two_shot,auto,symmetric,nccl"
+        default_value = "low_latency,one_shot,two_shot,auto,symmetric,pool,nccl"
     )]
     pub algos: Vec<AlgoChoice>,
 
@@ -217,6 +218,11 @@ pub enum AlgoChoice {
     /// writes into the buffer, so no copy-in is timed.
     #[value(name = "symmetric")]
     Symmetric,
+    /// symm-allreduce zero-copy in place on a pool buffer (`alloc_symmetric` +
+    /// `all_reduce_pool`): the producer wrote into the pool buffer, so no copy-in is timed.
+    /// Compare with `two_shot` (out of place, copy-in fused) at the same size.
+    #[value(name = "pool")]
+    Pool,
     /// NCCL's ncclAllReduce, the baseline.
     #[value(name = "nccl")]
     Nccl,
@@ -237,7 +243,7 @@ impl AlgoChoice {
             AlgoChoice::LowLatency => Some(Algorithm::LowLatency),
             AlgoChoice::Auto => Some(Algorithm::Auto),
             // The in-place kernel launches the two-shot grid.
-            AlgoChoice::Symmetric => Some(Algorithm::TwoShot),
+            AlgoChoice::Symmetric | AlgoChoice::Pool => Some(Algorithm::TwoShot),
             AlgoChoice::Multimem => Some(Algorithm::Multimem),
             AlgoChoice::Nccl => None,
         }
@@ -251,6 +257,7 @@ impl AlgoChoice {
             AlgoChoice::LowLatency => "low_latency",
             AlgoChoice::Auto => "auto",
             AlgoChoice::Symmetric => "symmetric",
+            AlgoChoice::Pool => "pool",
             AlgoChoice::Nccl => "nccl",
             AlgoChoice::Multimem => "multimem",
         }
@@ -499,6 +506,12 @@ impl RunPlan {
             low_latency_max_bytes: self.low_latency_max,
             pdl: self.pdl,
             check_divergence: self.check_divergence,
+            // The `pool` rows reduce one pool buffer of the message size.
+            pool_bytes: if self.algos.contains(&AlgoChoice::Pool) {
+                capacity_bytes
+            } else {
+                symm_allreduce::Config::default().pool_bytes
+            },
             // Only when multimem rows are asked for (opt-in; see AlgoChoice::Multimem).
             multicast: if self.algos.contains(&AlgoChoice::Multimem) {
                 symm_allreduce::Multicast::Required
@@ -797,7 +810,7 @@ mod tests {
         let args = Args::try_parse_from(["symm-bench"]).unwrap();
         assert_eq!(args.world, 8);
         assert_eq!(args.dtypes, vec![DType::BF16, DType::F32]);
-        assert_eq!(args.algos.len(), 6);
+        assert_eq!(args.algos.len(), 7);
         let plan = RunPlan::from_args(&args);
         assert_eq!(plan.sizes, sweep_sizes());
         assert_eq!(plan.rounds(Mode::GraphIsolated), 200);

@@ -530,10 +530,19 @@ impl Bench {
         let dtype = T::DTYPE;
         let world = self.world();
         let symmetric = matches!(algo, AlgoChoice::Symmetric | AlgoChoice::Multimem);
+        let pool = algo == AlgoChoice::Pool;
         let kernel = self.comms[0].plan(len, dtype, algorithm);
+        // Pool rows: one pool buffer per rank, the input copied in once (untimed), as a
+        // producer kernel would have written it.
+        let mut pool_bufs = Vec::new();
+        if pool {
+            for (c, s) in self.comms.iter().zip(&self.streams) {
+                pool_bufs.push(c.alloc_symmetric::<T>(len, s)?);
+            }
+        }
         let kernel_name = if algo == AlgoChoice::Multimem {
             "in_place_mm"
-        } else if symmetric {
+        } else if symmetric || pool {
             "in_place"
         } else {
             kernel.algorithm.name()
@@ -544,6 +553,8 @@ impl Bench {
         for (r, out) in b.outputs.iter_mut().enumerate() {
             if symmetric {
                 self.comms[r].copy_to_symmetric(&b.inputs[r], &self.streams[r])?;
+            } else if pool {
+                self.streams[r].memcpy_dtod(&b.inputs[r], &mut pool_bufs[r])?;
             } else {
                 self.comms[r].all_reduce_with(&b.inputs[r], out, &self.streams[r], algorithm)?;
             }
@@ -554,6 +565,14 @@ impl Bench {
             }
             for (r, out) in b.outputs.iter_mut().enumerate() {
                 self.comms[r].copy_from_symmetric(out, &self.streams[r])?;
+            }
+        }
+        if pool {
+            for ((c, s), buf) in self.comms.iter().zip(&self.streams).zip(&mut pool_bufs) {
+                c.all_reduce_pool(buf, s)?;
+            }
+            for (r, out) in b.outputs.iter_mut().enumerate() {
+                self.streams[r].memcpy_dtod(&pool_bufs[r], out)?;
             }
         }
         for (c, s) in self.comms.iter().zip(&self.streams) {
@@ -572,6 +591,8 @@ impl Bench {
                 for (r, out) in outputs.iter_mut().enumerate() {
                     if symmetric {
                         comms[r].all_reduce_symmetric_with::<T>(len, &streams[r], algorithm)?;
+                    } else if pool {
+                        comms[r].all_reduce_pool(&mut pool_bufs[r], &streams[r])?;
                     } else {
                         comms[r].all_reduce_with(&inputs[r], out, &streams[r], algorithm)?;
                     }

@@ -32,6 +32,7 @@ fn colour(algo: &str) -> RGBColor {
         "nccl" => RGBColor(20, 20, 20),
         "low_latency" => RGBColor(148, 103, 189),
         "symmetric" => RGBColor(255, 127, 14),
+        "pool" => RGBColor(23, 190, 207),
         _ => RGBColor(140, 86, 75),
     }
 }

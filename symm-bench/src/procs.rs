@@ -584,6 +584,8 @@ fn rank_main(args: &Args, env: &ChildEnv) -> Result<ExitCode, Stop> {
         meta.estimated_duration_s = Some(plan.estimate(world).as_secs_f64());
         let config = Config {
             capacity_bytes: capacity,
+            // The `pool` rows reduce one pool buffer of the message size.
+            pool_bytes: capacity,
             timeout: if world > devices {
                 SHARED_DEVICE_TIMEOUT
             } else {
@@ -824,6 +826,7 @@ impl RankBench {
         let len = input.len();
         let symmetric = matches!(algo, AlgoChoice::Symmetric | AlgoChoice::Multimem);
         let nccl = algo == AlgoChoice::Nccl;
+        let pool = algo == AlgoChoice::Pool;
         let algorithm = algo.symm().unwrap_or(Algorithm::Nccl);
         let (kernel, blocks) = if nccl {
             ("nccl", None)
@@ -831,7 +834,7 @@ impl RankBench {
             let grid = self.comm.plan(len, dtype, algorithm);
             let name = if algo == AlgoChoice::Multimem {
                 "in_place_mm"
-            } else if symmetric {
+            } else if symmetric || pool {
                 "in_place"
             } else {
                 grid.algorithm.name()
@@ -848,6 +851,13 @@ impl RankBench {
             ..
         } = self;
         let (comm, stream, store) = (&*comm, &*stream, &*store);
+        // Pool rows: the input copied into a pool buffer once (untimed), as a producer kernel
+        // would have written it.
+        let mut pool_buf = if pool {
+            Some(comm.alloc_symmetric::<T>(len, stream)?)
+        } else {
+            None
+        };
 
         // Verify once: zeroed output, one call, rank 0 compares with the sum of all inputs.
         stream.memset_zeros(output)?;
@@ -857,6 +867,10 @@ impl RankBench {
             comm.copy_to_symmetric(input, stream)?;
             comm.all_reduce_symmetric_with::<T>(len, stream, algorithm)?;
             comm.copy_from_symmetric(output, stream)?;
+        } else if let Some(buf) = pool_buf.as_mut() {
+            stream.memcpy_dtod(input, buf)?;
+            comm.all_reduce_pool(buf, stream)?;
+            stream.memcpy_dtod(buf, output)?;
         } else {
             comm.all_reduce_with(input, output, stream, algorithm)?;
         }
@@ -877,6 +891,8 @@ impl RankBench {
             let mut real = || -> Result<(), BenchError> {
                 if symmetric {
                     comm.all_reduce_symmetric_with::<T>(len, stream, algorithm)?;
+                } else if let Some(buf) = pool_buf.as_mut() {
+                    comm.all_reduce_pool(buf, stream)?;
                 } else {
                     comm.all_reduce_with(input, &mut *output, stream, algorithm)?;
                 }

@@ -270,7 +270,7 @@ pub fn summary(rows: &[Row], d2d_copy_gbs: Option<f64>) -> Vec<String> {
             ));
         }
     }
-    for algo in ["two_shot", "symmetric", "one_shot"] {
+    for algo in ["two_shot", "symmetric", "pool", "one_shot"] {
         let r =
             find(algo, Mode::GraphAmortised, 64 << 20).or_else(|| find(algo, Mode::GraphIsolated, 64 << 20));
         if let Some(r) = r {
@@ -279,6 +279,7 @@ pub fn summary(rows: &[Row], d2d_copy_gbs: Option<f64>) -> Vec<String> {
             let target = match algo {
                 "two_shot" => " (target: ≥ 0.7 × copy; includes the fused copy-in)",
                 "symmetric" => " (zero-copy two-shot; target: ≥ 0.7 × copy)",
+                "pool" => " (zero-copy from a pool buffer, no copy-in; target: ≥ 0.85 × copy)",
                 _ => " (reported, not targeted)",
             };
             out.push(format!(
