@@ -143,6 +143,48 @@ pub(crate) struct Measured {
     pub host_us: f64,
 }
 
+/// The timing columns of a row: `m` for the collective, `e` for the empty kernel of the same
+/// grid and launch structure.
+fn timed_row(m: &Measured, e: &Measured) -> Row {
+    Row {
+        time_us: m.stats.median,
+        p10_us: m.stats.p10,
+        p90_us: m.stats.p90,
+        samples: m.samples,
+        empty_us: Some(e.stats.median),
+        host_us: m.host_us,
+        empty_host_us: Some(e.host_us),
+        ..Row::default()
+    }
+}
+
+/// Times `round` in `mode`, then the empty kernel with the grid of a call of `len` elements
+/// of `dtype` under `algorithm`, then waits for every rank.
+#[allow(clippy::too_many_arguments)]
+fn measure_beside_empty(
+    timer: &mut Timer,
+    comms: &[Communicator],
+    streams: &[Arc<CudaStream>],
+    plan: &RunPlan,
+    mode: Mode,
+    (len, dtype, algorithm): (usize, DType, Algorithm),
+    round: &mut dyn FnMut() -> Result<(), BenchError>,
+) -> Result<(Measured, Measured), BenchError> {
+    let rounds = plan.rounds(mode);
+    let m = measure(timer, streams, mode, rounds, plan.warmup(mode), round)?;
+    let mut empty = || -> Result<(), BenchError> {
+        for (c, s) in comms.iter().zip(streams) {
+            c.launch_empty(len, dtype, s, algorithm)?;
+        }
+        Ok(())
+    };
+    let e = measure(timer, streams, mode, rounds, plan.warmup(mode), &mut empty)?;
+    for (c, s) in comms.iter().zip(streams) {
+        c.synchronize(s)?;
+    }
+    Ok((m, e))
+}
+
 /// Captures `ops` calls of `round` (which enqueues on every stream) into one graph per
 /// stream, all streams captured together.
 fn capture(
@@ -458,38 +500,21 @@ impl Bench {
         let (comms, streams) = (&self.comms, &self.streams);
         let blocks = comms[0].plan(len, dtype, Algorithm::OneShot).blocks;
         for &mode in &plan.modes {
-            let rounds = plan.rounds(mode);
             let mut sync = || -> Result<(), BenchError> {
                 for (c, s) in comms.iter().zip(streams) {
                     c.launch_sync_floor(len, dtype, s, Algorithm::OneShot)?;
                 }
                 Ok(())
             };
-            let m = measure(
+            let (m, e) = measure_beside_empty(
                 &mut self.timer,
+                comms,
                 streams,
+                plan,
                 mode,
-                rounds,
-                plan.warmup(mode),
+                (len, dtype, Algorithm::OneShot),
                 &mut sync,
             )?;
-            let mut empty = || -> Result<(), BenchError> {
-                for (c, s) in comms.iter().zip(streams) {
-                    c.launch_empty(len, dtype, s, Algorithm::OneShot)?;
-                }
-                Ok(())
-            };
-            let e = measure(
-                &mut self.timer,
-                streams,
-                mode,
-                rounds,
-                plan.warmup(mode),
-                &mut empty,
-            )?;
-            for (c, s) in comms.iter().zip(streams) {
-                c.synchronize(s)?;
-            }
             rows.push(
                 Row {
                     dtype: dtype.name().into(),
@@ -501,14 +526,7 @@ impl Bench {
                     blocks: Some(blocks),
                     size_bytes: bytes,
                     count: len,
-                    time_us: m.stats.median,
-                    p10_us: m.stats.p10,
-                    p90_us: m.stats.p90,
-                    samples: m.samples,
-                    empty_us: Some(e.stats.median),
-                    host_us: m.host_us,
-                    empty_host_us: Some(e.host_us),
-                    ..Row::default()
+                    ..timed_row(&m, &e)
                 }
                 .with_derived(),
             );
@@ -584,7 +602,6 @@ impl Bench {
         let (comms, streams) = (&self.comms, &self.streams);
         let (inputs, outputs) = (&b.inputs, &mut b.outputs);
         for &mode in &plan.modes {
-            let rounds = plan.rounds(mode);
             // Timed symmetric rounds reduce the buffer in place again and again: the values
             // grow (and may overflow to inf), which costs the kernels nothing.
             let mut real = || -> Result<(), BenchError> {
@@ -599,31 +616,15 @@ impl Bench {
                 }
                 Ok(())
             };
-            let m = measure(
+            let (m, e) = measure_beside_empty(
                 &mut self.timer,
+                comms,
                 streams,
+                plan,
                 mode,
-                rounds,
-                plan.warmup(mode),
+                (len, dtype, algorithm),
                 &mut real,
             )?;
-            let mut empty = || -> Result<(), BenchError> {
-                for (c, s) in comms.iter().zip(streams) {
-                    c.launch_empty(len, dtype, s, algorithm)?;
-                }
-                Ok(())
-            };
-            let e = measure(
-                &mut self.timer,
-                streams,
-                mode,
-                rounds,
-                plan.warmup(mode),
-                &mut empty,
-            )?;
-            for (c, s) in comms.iter().zip(streams) {
-                c.synchronize(s)?;
-            }
             rows.push(
                 Row {
                     dtype: dtype.name().into(),
@@ -635,14 +636,7 @@ impl Bench {
                     blocks: Some(kernel.blocks),
                     size_bytes: bytes,
                     count: len,
-                    time_us: m.stats.median,
-                    p10_us: m.stats.p10,
-                    p90_us: m.stats.p90,
-                    samples: m.samples,
-                    empty_us: Some(e.stats.median),
-                    host_us: m.host_us,
-                    empty_host_us: Some(e.host_us),
-                    ..Row::default()
+                    ..timed_row(&m, &e)
                 }
                 .with_derived(),
             );
