@@ -75,11 +75,12 @@ enum Phase : uint32_t { PHASE_START = 0, PHASE_MIDDLE = 1, PHASE_END = 2, PHASE_
 
 // One peer's call as it announced it to this rank for the divergence check.
 struct CheckSlot {
-    uint64_t epoch;  // written last, with release
-    uint64_t shape;
+    uint64_t shape;  // shape and length first: one 16-byte store (16-byte aligned)
     uint64_t len;
+    uint64_t epoch;  // written last, with release
     uint64_t pad;
 };
+static_assert(offsetof(CheckSlot, shape) == 0 && offsetof(CheckSlot, epoch) == 16, "CheckSlot layout");
 static_assert(sizeof(CheckSlot) == 32, "CheckSlot is 32 bytes");
 
 // Call bookkeeping in device memory, advanced by the kernels themselves: no host state per
