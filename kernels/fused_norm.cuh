@@ -133,16 +133,13 @@ __device__ __forceinline__ void fused_one_shot(const NormArgs& f, const SymmArgs
     end_call(a, epoch);
 }
 
-// Fused two-shot: rows are owned in W contiguous ranges of ceil(tokens / W) (rank q owns
-// range q), but every phase maps row j to block j % grid, exactly as the one-shot does, so
-// block b only ever reads what block b of a peer wrote before a barrier:
-//  * copy-in of every row (block j % grid), start barrier;
-//  * the owner of row j sums it over every peer and keeps the rounded sum in its own data
-//    buffer (over its own copy of the row, which no one else reads);
-//  * middle barrier; every rank reads every row's sum from its owner and runs the epilogue
-//    with its own residual. The reduction (W-fold NVLink reads) is split across ranks, the
-//    epilogue keeps one block per row, and its arithmetic on the same sums is the one-shot's,
-//    so the bits are the same.
+// Fused two-shot: rows are split into W contiguous ranges of ceil(tokens / W); rank q
+// reduces range q. Copy-in: block b writes, in every range, the rows block b of the range's
+// owner reduces. Start barrier; the owner sums its rows over every peer and keeps the
+// rounded sum in its own data buffer (over its own copy of those rows, which no one else
+// reads). Middle barrier; every rank reads every range's sums from its owner and runs the
+// epilogue on its own residual: the reduction is split, the epilogue is the one-shot's
+// arithmetic on the same sums, so the bits are the same.
 template <typename T>
 __device__ __forceinline__ void fused_two_shot(const NormArgs& f, const SymmArgs& a) {
     __shared__ float red[17];
@@ -150,29 +147,39 @@ __device__ __forceinline__ void fused_two_shot(const NormArgs& f, const SymmArgs
     const uint32_t parity = epoch & 1;
     const uint32_t packs = f.hidden / Elem<T>::PER_PACK;
     const uint32_t per_rank = (f.tokens + a.world - 1) / a.world;
-    const uint64_t lo = static_cast<uint64_t>(a.rank) * per_rank;
-    const uint64_t hi = lo + per_rank;
     const uint4* src = reinterpret_cast<const uint4*>(f.input);
     uint4* mine = reinterpret_cast<uint4*>(data_buffer(a, a.rank, parity));
     const char* rank0 = data_buffer(a, 0, parity);
 
-    for (uint64_t row = blockIdx.x; row < f.tokens; row += gridDim.x) {
-        for (uint32_t k = threadIdx.x; k < packs; k += NORM_THREADS) mine[row * packs + k] = src[row * packs + k];
+#pragma unroll 1
+    for (uint32_t q = 0; q < a.world; ++q) {
+        for (uint64_t i = blockIdx.x; i < per_rank; i += gridDim.x) {
+            const uint64_t row = static_cast<uint64_t>(q) * per_rank + i;
+            if (row >= f.tokens) break;
+            for (uint32_t k = threadIdx.x; k < packs; k += NORM_THREADS)
+                mine[row * packs + k] = src[row * packs + k];
+        }
     }
     if (!block_barrier(a, PHASE_START, epoch)) {
         end_call(a, epoch);
         return;
     }
-    for (uint64_t row = blockIdx.x; row < f.tokens; row += gridDim.x) {
-        if (row < lo || row >= hi) continue;
+    for (uint64_t i = blockIdx.x; i < per_rank; i += gridDim.x) {
+        const uint64_t row = static_cast<uint64_t>(a.rank) * per_rank + i;
+        if (row >= f.tokens) break;
         const uint64_t first = row * packs;
         for (uint32_t k = threadIdx.x; k < packs; k += NORM_THREADS) mine[first + k] = sum_ranks<T>(a, rank0, first + k);
     }
     if (block_barrier(a, PHASE_MIDDLE, epoch)) {
-        for (uint64_t row = blockIdx.x; row < f.tokens; row += gridDim.x) {
-            const uint32_t owner = static_cast<uint32_t>(row / per_rank);
-            const uint4* sums = reinterpret_cast<const uint4*>(rank0 + owner * a.stride) + row * packs;
-            add_rmsnorm_row<T>(f, row, [&](uint32_t k) { return load_peer_pack(sums + k); }, red);
+#pragma unroll 1
+        for (uint32_t q = 0; q < a.world; ++q) {
+            const uint4* owner = reinterpret_cast<const uint4*>(rank0 + q * a.stride);
+            for (uint64_t i = blockIdx.x; i < per_rank; i += gridDim.x) {
+                const uint64_t row = static_cast<uint64_t>(q) * per_rank + i;
+                if (row >= f.tokens) break;
+                const uint4* sums = owner + row * packs;
+                add_rmsnorm_row<T>(f, row, [&](uint32_t k) { return load_peer_pack(sums + k); }, red);
+            }
         }
     }
     end_call(a, epoch);

@@ -17,10 +17,9 @@
 //!
 //! One block per row, so nothing depends on the grid: the fused one-shot, the fused two-shot,
 //! every rank, and `all_reduce` followed by [`Communicator::residual_rmsnorm`] give the same
-//! bits. The two-shot splits the *reduction* by rows (rank q sums the rows of its range of
-//! `⌈T/W⌉` and keeps the sums in its buffer) and every rank runs the epilogue on every row
-//! with its own residual, so a rank's residual and weight never leave it and each rank's
-//! result is what the one-shot computes from its own residual
+//! bits. The two-shot splits the *reduction* by rows (rank q sums rows `q·⌈T/W⌉ ..`) and every
+//! rank runs the epilogue on every row with its own residual, so a rank's residual and weight
+//! never leave it and each rank's result is what the one-shot computes from its own residual
 //! (in tensor parallelism the residual is replicated, so all ranks hold the same bits).
 
 use std::sync::Arc;

@@ -34,9 +34,9 @@ pub(crate) fn grid(kernel: Kernel, len: usize, dtype: DType, world: usize, limit
         Kernel::TwoShot | Kernel::InPlace => packs.div_ceil(world),
         Kernel::LowLatency => (len * dtype.size()).div_ceil(8),
         Kernel::OneShot => packs,
-        // One block per row (see plan::fused; the two-shot maps rows to blocks as the
-        // one-shot does and splits only the reduction by owner); `len` is rows here.
-        Kernel::FusedOneShot | Kernel::FusedTwoShot | Kernel::RmsNorm => len,
+        // One block per row (see plan::fused); `len` is rows here.
+        Kernel::FusedOneShot | Kernel::RmsNorm => len,
+        Kernel::FusedTwoShot => len.div_ceil(world),
     };
     if matches!(
         kernel,
