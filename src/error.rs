@@ -194,7 +194,8 @@ pub enum Error {
     /// dtype, algorithm or collective, or a rank that made more or fewer calls. The
     /// communicator is poisoned; no data was read or written by the call.
     #[error(
-        "rank {rank} ran {this_call} but rank {peer} ran {peer_call} at the same point of the call sequence;          every rank must make the same calls in the same order (the communicator is now unusable: create a new one)"
+        "rank {rank} ran {this_call} but rank {peer} ran {peer_call} at the same point of the call sequence; \
+         every rank must make the same calls in the same order (the communicator is now unusable: create a new one)"
     )]
     Diverged {
         /// The rank that found it.
@@ -212,7 +213,8 @@ pub enum Error {
     /// `synchronize`), the output's peer chunks are left unwritten, and the communicator stays
     /// usable.
     #[error(
-        "rank {rank}: the all-gather counts differ from rank {peer}'s; every rank must pass the same          per-rank counts (and the same length to all_gather)"
+        "rank {rank}: the all-gather counts differ from rank {peer}'s; every rank must pass the same \
+         per-rank counts (and the same length to all_gather)"
     )]
     CountsMismatch {
         /// The rank that reports it.
@@ -633,6 +635,11 @@ mod tests {
                 "variant {index}: {text}"
             );
             assert!(!text.contains("DriverError"), "variant {index}: {text}");
+            // A string continued without `\` keeps the next line's indentation.
+            assert!(
+                !text.contains("   "),
+                "variant {index} has a run of spaces: {text}"
+            );
             if let Some(hint) = hint {
                 assert!(
                     text.contains(hint),
