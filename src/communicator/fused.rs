@@ -74,21 +74,14 @@ impl Communicator {
         algorithm: Algorithm,
     ) -> Result<()> {
         self.check_usable()?;
-        let (tokens, hidden) = NormShape {
-            dtype: T::DTYPE,
-            input: input.len(),
-            residual: residual.len(),
-            norm_out: norm_out.len(),
-            weight: weight.len(),
+        let (tokens, hidden) = self.norm_shape(
+            T::DTYPE,
             eps,
-        }
-        .validate()?;
-        self.check_norm_devices(
             [
-                ("input", input.stream()),
-                ("residual", residual.stream()),
-                ("weight", weight.stream()),
-                ("norm_out", norm_out.stream()),
+                ("input", input.len(), input.stream()),
+                ("residual", residual.len(), residual.stream()),
+                ("weight", weight.len(), weight.stream()),
+                ("norm_out", norm_out.len(), norm_out.stream()),
             ],
             stream,
         )?;
@@ -101,17 +94,7 @@ impl Communicator {
         let (w_ptr, g_w) = weight.device_ptr(book);
         let (out_ptr, g_out) = norm_out.device_ptr_mut(book);
         let _records = self.settle(book, stream, (g_in, g_res, g_w, g_out))?;
-        let norm = NormArgs {
-            input: in_ptr,
-            residual: res_ptr,
-            weight: w_ptr,
-            norm_out: out_ptr,
-            tokens: tokens as u32,
-            hidden: hidden as u32,
-            eps,
-            reserved: 0,
-        };
-        check_norm_alignment(&norm)?;
+        let norm = norm_args([in_ptr, res_ptr, w_ptr, out_ptr], tokens, hidden, eps)?;
         let _range = crate::driver::nvtx::Range::new(|| {
             format!(
                 "symm all_reduce_add_rmsnorm {} {} {tokens}x{hidden}",
@@ -151,21 +134,14 @@ impl Communicator {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         self.check_usable()?;
-        let (tokens, hidden) = NormShape {
-            dtype: T::DTYPE,
-            input: sum.len(),
-            residual: residual.len(),
-            norm_out: norm_out.len(),
-            weight: weight.len(),
+        let (tokens, hidden) = self.norm_shape(
+            T::DTYPE,
             eps,
-        }
-        .validate()?;
-        self.check_norm_devices(
             [
-                ("input", sum.stream()),
-                ("residual", residual.stream()),
-                ("weight", weight.stream()),
-                ("norm_out", norm_out.stream()),
+                ("input", sum.len(), sum.stream()),
+                ("residual", residual.len(), residual.stream()),
+                ("weight", weight.len(), weight.stream()),
+                ("norm_out", norm_out.len(), norm_out.stream()),
             ],
             stream,
         )?;
@@ -176,17 +152,7 @@ impl Communicator {
         let (w_ptr, g_w) = weight.device_ptr(book);
         let (out_ptr, g_out) = norm_out.device_ptr_mut(book);
         let _records = self.settle(book, stream, (g_in, g_res, g_w, g_out))?;
-        let norm = NormArgs {
-            input: in_ptr,
-            residual: res_ptr,
-            weight: w_ptr,
-            norm_out: out_ptr,
-            tokens: tokens as u32,
-            hidden: hidden as u32,
-            eps,
-            reserved: 0,
-        };
-        check_norm_alignment(&norm)?;
+        let norm = norm_args([in_ptr, res_ptr, w_ptr, out_ptr], tokens, hidden, eps)?;
         self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
         let plan = grid(Kernel::RmsNorm, tokens, T::DTYPE, self.world, self.limits);
         peer.launch_norm(Kernel::RmsNorm, plan, T::DTYPE, &norm, stream)
@@ -213,6 +179,30 @@ impl Communicator {
         .validate()?;
         let r = route_fused(tokens, hidden, dtype, &self.config, algorithm, self.facts())?;
         Ok(explain_fused(&r, algorithm, &self.config, self.facts()))
+    }
+
+    /// `(tokens, hidden)` of a call over (input, residual, weight, norm_out), each given as
+    /// (name, length, stream), once the lengths agree and every buffer and `stream` are on
+    /// this rank's device.
+    fn norm_shape(
+        &self,
+        dtype: DType,
+        eps: f32,
+        buffers: [(&'static str, usize, &Arc<CudaStream>); 4],
+        stream: &CudaStream,
+    ) -> Result<(usize, usize)> {
+        let [input, residual, weight, norm_out] = buffers.map(|(_, len, _)| len);
+        let shape = NormShape {
+            dtype,
+            input,
+            residual,
+            norm_out,
+            weight,
+            eps,
+        }
+        .validate()?;
+        self.check_norm_devices(buffers.map(|(which, _, s)| (which, s)), stream)?;
+        Ok(shape)
     }
 
     fn check_norm_devices(
@@ -243,16 +233,32 @@ impl Communicator {
     }
 }
 
-fn check_norm_alignment(n: &NormArgs) -> Result<()> {
+/// The kernels' parameter block over the (input, residual, weight, norm_out) addresses, each
+/// of which must be 16-byte aligned.
+fn norm_args(
+    [input, residual, weight, norm_out]: [u64; 4],
+    tokens: usize,
+    hidden: usize,
+    eps: f32,
+) -> Result<NormArgs> {
     for (which, address) in [
-        ("input", n.input),
-        ("residual", n.residual),
-        ("weight", n.weight),
-        ("norm_out", n.norm_out),
+        ("input", input),
+        ("residual", residual),
+        ("weight", weight),
+        ("norm_out", norm_out),
     ] {
         if address % 16 != 0 {
             return Err(Error::Misaligned { which, address });
         }
     }
-    Ok(())
+    Ok(NormArgs {
+        input,
+        residual,
+        weight,
+        norm_out,
+        tokens: tokens as u32,
+        hidden: hidden as u32,
+        eps,
+        reserved: 0,
+    })
 }
