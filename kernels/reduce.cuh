@@ -9,41 +9,29 @@
 
 namespace symm {
 
+// Packs `v[0..world)` (one per rank, world <= R) summed in fp32 in rank order, rounded once.
+template <typename T, uint32_t R>
+__device__ __forceinline__ uint4 sum_in_rank_order(const SymmArgs& a, const uint4 (&v)[R]) {
+    float acc[Elem<T>::PER_PACK];
+    pack_to_float<T>(v[0], acc);
+#pragma unroll
+    for (uint32_t q = 1; q < R; ++q) {
+        if (q < a.world) add_pack<T>(v[q], acc);
+    }
+    return float_to_pack<T>(acc);
+}
+
 // `pack` of rank 0's data buffer is at `rank0 + 16 * pack`; rank q's is `q * stride` further.
+// Every peer's load is issued before the first add.
 template <typename T>
 __device__ __forceinline__ uint4 sum_ranks(const SymmArgs& a, const char* rank0, uint64_t pack) {
-    // Issue every peer's load before the first add, then add in rank order.
     const char* p = rank0 + pack * sizeof(uint4);
     uint4 v[MAX_RANKS];
 #pragma unroll
     for (uint32_t q = 0; q < MAX_RANKS; ++q) {
         if (q < a.world) v[q] = load_peer_pack(reinterpret_cast<const uint4*>(p + q * a.stride));
     }
-    float acc[Elem<T>::PER_PACK];
-    pack_to_float<T>(v[0], acc);
-#pragma unroll
-    for (uint32_t q = 1; q < MAX_RANKS; ++q) {
-        if (q < a.world) add_pack<T>(v[q], acc);
-    }
-    return float_to_pack<T>(acc);
-}
-
-// `sum_ranks` with this rank's own part `own` (from its input) instead of its data buffer.
-template <typename T>
-__device__ __forceinline__ uint4 sum_ranks_own(const SymmArgs& a, const char* rank0, uint64_t pack, uint4 own) {
-    const char* p = rank0 + pack * sizeof(uint4);
-    uint4 v[MAX_RANKS];
-#pragma unroll
-    for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-        if (q < a.world) v[q] = q == a.rank ? own : load_peer_pack(reinterpret_cast<const uint4*>(p + q * a.stride));
-    }
-    float acc[Elem<T>::PER_PACK];
-    pack_to_float<T>(v[0], acc);
-#pragma unroll
-    for (uint32_t q = 1; q < MAX_RANKS; ++q) {
-        if (q < a.world) add_pack<T>(v[q], acc);
-    }
-    return float_to_pack<T>(acc);
+    return sum_in_rank_order<T, MAX_RANKS>(a, v);
 }
 
 // The n % PER_PACK trailing elements: block 0 copies them in before the start barrier and

@@ -78,7 +78,7 @@ pub(crate) fn explain(
         }
         Rule::Size => match algorithm {
             Algorithm::LowLatency => format!("{bytes} bytes <= low-latency limit ({ll_limit}{from_table})"),
-            _ if facts.world == 1 => "one rank: one-shot copy".to_string(),
+            _ if facts.world == 1 => "one rank: two-shot, a single pass from input to output".to_string(),
             Algorithm::OneShot => format!("{bytes} bytes <= one-shot limit ({limit}{from_table})"),
             _ => format!("{bytes} bytes > one-shot limit ({limit}{from_table})"),
         },
@@ -326,7 +326,7 @@ mod tests {
             decide_path(1 << 20, DType::F32, &c, Algorithm::Auto, one)
                 .unwrap()
                 .reason,
-            "one rank: one-shot copy"
+            "one rank: two-shot, a single pass from input to output"
         );
         assert_eq!("nccl".parse::<Algorithm>().unwrap(), Algorithm::Nccl);
         assert_eq!(Algorithm::Nccl.to_string(), "nccl");

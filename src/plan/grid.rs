@@ -9,7 +9,7 @@ use crate::kernels::registry::{Family, Kernel};
 /// The algorithm a call of `bytes` of `dtype` takes: `requested` unless it is `Auto`, then
 /// the configured one unless that is `Auto`, then the size rule with the thresholds of
 /// [`Config::thresholds`] (low-latency up to its limit, one-shot up to the crossover,
-/// two-shot above; one rank always one-shot).
+/// two-shot above; one rank: two-shot above the low-latency limit).
 pub(crate) fn choose(
     bytes: usize,
     dtype: DType,
@@ -23,9 +23,11 @@ pub(crate) fn choose(
             let th = config.thresholds(dtype, world);
             if bytes <= th.low_latency_max {
                 Algorithm::LowLatency
-            } else if world == 1 || bytes <= th.one_shot_max {
+            } else if world > 1 && bytes <= th.one_shot_max {
                 Algorithm::OneShot
             } else {
+                // One rank: the two-shot is a single pass from input to output (no copy-in,
+                // no peers), the one-shot would copy the input in first.
                 Algorithm::TwoShot
             }
         }
@@ -111,9 +113,9 @@ mod tests {
             assert_eq!(at.algorithm, Algorithm::OneShot, "world {world}");
             assert_eq!(above.algorithm, Algorithm::TwoShot, "world {world}");
         }
-        // One rank never needs two-shot.
+        // One rank: the two-shot is one pass from input to output.
         let p = plan_all_reduce(64 << 20, DType::F32, 1, WIDE, &c, Algorithm::Auto);
-        assert_eq!(p.algorithm, Algorithm::OneShot);
+        assert_eq!(p.algorithm, Algorithm::TwoShot);
     }
 
     #[test]
@@ -123,7 +125,12 @@ mod tests {
             let at = plan_all_reduce(16 << 10, DType::BF16, world, WIDE, &c, Algorithm::Auto);
             let above = plan_all_reduce((16 << 10) + 1, DType::BF16, world, WIDE, &c, Algorithm::Auto);
             assert_eq!(at.algorithm, Algorithm::LowLatency, "world {world}");
-            assert_eq!(above.algorithm, Algorithm::OneShot, "world {world}");
+            let next = if world == 1 {
+                Algorithm::TwoShot
+            } else {
+                Algorithm::OneShot
+            };
+            assert_eq!(above.algorithm, next, "world {world}");
         }
         // One thread per 16-byte line: 8 KiB is 512 lines, one block; 16 KiB two.
         assert_eq!(
