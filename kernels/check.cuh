@@ -42,15 +42,14 @@ __device__ __forceinline__ bool check_call(const SymmArgs& a, uint64_t epoch) {
         st_release_sys(&to->epoch, epoch);
         const CheckSlot* from = check_slot(a, a.rank, epoch, blockIdx.x, t);
         Deadline d;
-        while (ld_relaxed_sys(&from->epoch) < epoch) {
+        uint64_t seen;
+        while ((seen = ld_acquire_sys(&from->epoch)) < epoch) {
             if (!d.keep_waiting(a, PHASE_CHECK, t)) {
                 failed = 1;
                 break;
             }
         }
-        fence_acquire_sys();
         if (!failed) {
-            const uint64_t seen = ld_relaxed_sys(&from->epoch);
             const uint64_t shape = ld_relaxed_sys(&from->shape);
             const uint64_t len = ld_relaxed_sys(&from->len);
             if (seen != epoch || shape != a.check_shape || len != a.check_len) {

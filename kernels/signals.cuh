@@ -69,7 +69,7 @@ __device__ __forceinline__ void end_call(const SymmArgs& a, uint64_t epoch) {
 
 // Barrier between block blockIdx.x of every rank. Thread t < world signals rank t and waits
 // for rank t. The __syncthreads before the release orders the whole block's writes before
-// it; the acquire fence after the wait and the __syncthreads after it extend the peers'
+// it; the acquire polls and the __syncthreads after them extend the peers'
 // writes to the whole block. Returns false (in every thread of the block) if a wait timed out,
 // the group is poisoned, or `epoch` is 0 (a poisoned call). With `arrives`, thread 32 (a warp
 // that does not signal) also counts the block's arrival, off the critical path.
@@ -83,13 +83,12 @@ __device__ __forceinline__ bool block_barrier_impl(const SymmArgs& a, uint32_t p
         st_release_sys(signal_slot(a, t, phase, blockIdx.x, a.rank), epoch);
         const uint64_t* mine = signal_slot(a, a.rank, phase, blockIdx.x, t);
         Deadline d;
-        while (ld_relaxed_sys(mine) < epoch) {
+        while (ld_acquire_sys(mine) < epoch) {
             if (!d.keep_waiting(a, phase, t)) {
                 failed = 1;
                 break;
             }
         }
-        fence_acquire_sys();
     } else if (arrives && t == 32) {
         arrive(a, epoch);
     }

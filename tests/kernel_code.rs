@@ -35,19 +35,19 @@ fn cross_rank_flags_use_system_scope_release_acquire() {
         return;
     }
     let ops = instructions();
-    // Barriers: 64-bit epochs released at system scope, polled with relaxed loads and
-    // completed by one acquire fence at system scope.
+    // Barriers: 64-bit epochs released at system scope and polled with system-scope
+    // acquire loads (no fence after the loop: a MEMBAR.SYS there cost 2.6 µs per barrier).
     assert!(
         ops.contains(&"st.release.sys.global.u64"),
         "no 64-bit release stores: the barrier lost its ordering"
     );
     assert!(
-        ops.contains(&"ld.relaxed.sys.global.u64"),
-        "the barrier does not poll 64-bit epochs"
+        ops.contains(&"ld.acquire.sys.global.u64"),
+        "the barrier does not poll 64-bit epochs with acquire loads"
     );
     assert!(
-        ops.iter().any(|o| o.starts_with("fence.acq_rel.sys")),
-        "no system-scope acquire fence after the polls"
+        !ops.iter().any(|o| o.starts_with("fence.acq_rel")),
+        "an acquire-release fence is back in a barrier (acquire polls order the same)"
     );
     assert!(
         !ops.iter()
