@@ -33,6 +33,62 @@ __device__ __forceinline__ uint4 as_pack(ulonglong2 w) {
                       static_cast<uint32_t>(w.y >> 32));
 }
 
+// Polls line `l` of every peer's slot in this rank's buffer `buffer` until no word of it
+// reads as the all-ones sentinel, sums in rank order 0..W-1 in fp32 (this rank's own
+// contribution `own` from registers), stores the rounded line into `out` (n elements), and
+// re-arms the lines it consumed. False (nothing stored) when the wait timed out or the group
+// is poisoned. Shared by the all-reduce and the reduce-scatter, so both have the arithmetic
+// of every other algorithm.
+template <typename T>
+__device__ __forceinline__ bool ll_sum_line(const SymmArgs& a, uint32_t buffer, uint64_t l, uint4 own, T* out,
+                                            uint64_t n, bool out_aligned) {
+    constexpr uint32_t PER_LINE = Elem<T>::PER_PACK;
+    uint4 v[MAX_RANKS];
+    uint32_t pending = ((1u << a.world) - 1) & ~(1u << a.rank);
+    Deadline d;
+    while (pending != 0) {
+#pragma unroll
+        for (uint32_t q = 0; q < MAX_RANKS; ++q) {
+            if (pending & (1u << q)) {
+                const ulonglong2 w = ld_line_sys(ll_line(a, a.rank, buffer, q, l));
+                if (w.x != LL_NOT_ARRIVED && w.y != LL_NOT_ARRIVED) {
+                    v[q] = as_pack(w);
+                    pending &= ~(1u << q);
+                }
+            }
+        }
+        if (pending != 0 && !d.keep_waiting(a, PHASE_ARRIVAL, __ffs(pending) - 1)) return false;
+    }
+    float acc[PER_LINE];
+#pragma unroll
+    for (uint32_t q = 0; q < MAX_RANKS; ++q) {
+        if (q < a.world) {
+            const uint4 x = q == a.rank ? own : v[q];
+            if (q == 0) {
+                pack_to_float<T>(x, acc);
+            } else {
+                add_pack<T>(x, acc);
+            }
+        }
+    }
+    Pack<T> r;
+    r.bits = float_to_pack<T>(acc);
+    if ((l + 1) * PER_LINE <= n) {
+        store_pack(out, l, r.bits, out_aligned);
+    } else {
+#pragma unroll
+        for (uint32_t e = 0; e < PER_LINE; ++e) {
+            if (l * PER_LINE + e < n) out[l * PER_LINE + e] = r.elems[e];
+        }
+    }
+#pragma unroll
+    for (uint32_t q = 0; q < MAX_RANKS; ++q) {
+        if (q < a.world && q != a.rank)
+            st_line_sys(ll_line(a, a.rank, buffer, q, l), make_ulonglong2(LL_NOT_ARRIVED, LL_NOT_ARRIVED));
+    }
+    return true;
+}
+
 // Low-latency one-shot for small messages: no barrier at all. Every rank pushes its input as
 // 16-byte lines into its slot of every peer's buffer `epoch % 3`; each rank polls its slots
 // until no word of a line reads as the all-ones sentinel, sums in rank order (its own
@@ -44,6 +100,12 @@ __device__ __forceinline__ uint4 as_pack(ulonglong2 w) {
 // k % 3 is written next in call k + 3, which no peer can start before r has finished call
 // k + 2 — and r re-armed its lines of buffer k % 3 before its call k ended. Setup fills the
 // whole region with the sentinel. One thread handles one 16-byte line per step.
+//
+// The region is shared by every low-latency kernel (this one, `reduce_scatter_ll`,
+// `all_gather_ll`): line l of slot (buffer, source) is at the same place whichever kernel
+// writes it, and every kernel re-arms every line it reads before its call ends, while its
+// writers write only lines its readers read (every rank makes the same call). So after any
+// sequence of calls every line not in flight holds the sentinel, whatever the collectives.
 template <typename T>
 __device__ __forceinline__ void one_shot_ll(const T* in, T* out, uint64_t n, const SymmArgs& a) {
     constexpr uint32_t PER_LINE = Elem<T>::PER_PACK;
@@ -64,60 +126,47 @@ __device__ __forceinline__ void one_shot_ll(const T* in, T* out, uint64_t n, con
             if (q < a.world && q != a.rank) st_line_sys(ll_line(a, q, buffer, a.rank, l), w);
         }
     }
-
-    bool ok = true;
-    for (uint64_t l = first; ok && l < lines; l += step) {
-        uint4 v[MAX_RANKS];
-        uint32_t pending = ((1u << a.world) - 1) & ~(1u << a.rank);
-        Deadline d;
-        while (pending != 0) {
-#pragma unroll
-            for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-                if (pending & (1u << q)) {
-                    const ulonglong2 w = ld_line_sys(ll_line(a, a.rank, buffer, q, l));
-                    if (w.x != LL_NOT_ARRIVED && w.y != LL_NOT_ARRIVED) {
-                        v[q] = as_pack(w);
-                        pending &= ~(1u << q);
-                    }
-                }
-            }
-            if (pending != 0 && !d.keep_waiting(a, PHASE_ARRIVAL, __ffs(pending) - 1)) {
-                ok = false;
-                break;
-            }
-        }
-        if (!ok) break;
+    for (uint64_t l = first; l < lines; l += step) {
         const uint4 own = l == first ? own_first : load_line(in, n, l, in_aligned);
-        float acc[PER_LINE];
-#pragma unroll
-        for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-            if (q < a.world) {
-                const uint4 x = q == a.rank ? own : v[q];
-                if (q == 0) {
-                    pack_to_float<T>(x, acc);
-                } else {
-                    add_pack<T>(x, acc);
-                }
-            }
-        }
-        Pack<T> r;
-        r.bits = float_to_pack<T>(acc);
-        if ((l + 1) * PER_LINE <= n) {
-            store_pack(out, l, r.bits, out_aligned);
-        } else {
-#pragma unroll
-            for (uint32_t e = 0; e < PER_LINE; ++e) {
-                if (l * PER_LINE + e < n) out[l * PER_LINE + e] = r.elems[e];
-            }
-        }
-        // Re-arm what this thread consumed.
-#pragma unroll
-        for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-            if (q < a.world && q != a.rank)
-                st_line_sys(ll_line(a, a.rank, buffer, q, l), make_ulonglong2(LL_NOT_ARRIVED, LL_NOT_ARRIVED));
-        }
+        if (!ll_sum_line(a, buffer, l, own, out, n, out_aligned)) break;
     }
     // Every peer's data for this call has arrived: the next kernel may start launching.
+    pdl_launch_dependents();
+    end_call(a, epoch);
+}
+
+// Low-latency reduce-scatter: `in` holds W slices of n elements; rank q's output is the sum
+// of slice q over all ranks. Each rank pushes only slice q into its slot of rank q's buffer
+// `epoch % 3` (W - 1 slices out, one line of 16 payload bytes per 16 bytes, canonicalised by
+// `wire_pack` like the all-reduce's), then polls its own buffer and sums with `ll_sum_line`:
+// the arithmetic of `one_shot_ll` and `reduce_scatter`, so the output has the bits of the
+// same slice of an all-reduce. Same three-buffer argument as `one_shot_ll`.
+template <typename T>
+__device__ __forceinline__ void reduce_scatter_ll(const T* in, T* out, uint64_t n, const SymmArgs& a) {
+    constexpr uint32_t PER_LINE = Elem<T>::PER_PACK;
+    const uint64_t epoch = begin_call(a);
+    if (epoch == 0) return;
+    const uint64_t lines = (n + PER_LINE - 1) / PER_LINE;
+    const uint64_t first = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+    const uint32_t buffer = static_cast<uint32_t>(epoch % LL_BUFFERS);
+    // Slice q starts at element q * n: 16-byte aligned only when n is a multiple of a line.
+    const bool slices_aligned = is_aligned(in, 16) && n % PER_LINE == 0;
+    const bool out_aligned = is_aligned(out, 16);
+    const T* own_slice = in + a.rank * n;
+
+    for (uint64_t l = first; l < lines; l += step) {
+#pragma unroll
+        for (uint32_t q = 0; q < MAX_RANKS; ++q) {
+            if (q < a.world && q != a.rank) {
+                const ulonglong2 w = as_words(wire_pack<T>(load_line(in + q * n, n, l, slices_aligned)));
+                st_line_sys(ll_line(a, q, buffer, a.rank, l), w);
+            }
+        }
+    }
+    for (uint64_t l = first; l < lines; l += step) {
+        if (!ll_sum_line(a, buffer, l, load_line(own_slice, n, l, slices_aligned), out, n, out_aligned)) break;
+    }
     pdl_launch_dependents();
     end_call(a, epoch);
 }

@@ -570,9 +570,24 @@ fn bad_collective_inputs_are_typed_errors(ctx: Arc<CudaContext>) {
         Err(Error::ExceedsCapacity { .. })
     ));
     let p = c.all_gather_path(1000, Algorithm::Auto).unwrap();
+    assert!(p.to_string().contains("low-latency all_gather"), "{p}");
+    let p = c.all_gather_path(20_000, Algorithm::Auto).unwrap();
     assert!(p.to_string().contains("one-shot all_gather"), "{p}");
     let p = c.reduce_scatter_path(1000, DType::BF16, Algorithm::Auto).unwrap();
+    assert!(p.to_string().contains("low-latency reduce_scatter"), "{p}");
+    // (At W = 2 every slice the workspace holds fits the 32 KiB low-latency slots.)
+    let p = c
+        .reduce_scatter_path(1000, DType::BF16, Algorithm::OneShot)
+        .unwrap();
     assert!(p.to_string().contains("one-shot reduce_scatter"), "{p}");
+    // Forced low-latency beyond its slots (32 KiB of lines: 16 KiB chunks) is refused.
+    let chunk = s.alloc_zeros::<u8>((16 << 10) + 1).unwrap();
+    let mut gathered = s.alloc_zeros::<u8>(2 * ((16 << 10) + 1)).unwrap();
+    assert!(matches!(
+        c.all_gather_with(&chunk, &mut gathered, s, Algorithm::LowLatency),
+        Err(Error::ExceedsCapacity { .. })
+    ));
+    assert!(c.all_gather_v_path(&[5, 7]).is_ok());
     assert!(c.all_gather_v_path(&[5, 70 << 10]).is_err());
     // Misaligned view (the kernels move 16-byte packs).
     let view = input.slice(1..);
@@ -697,6 +712,461 @@ fn collective_calls_allocate_nothing(ctx: Arc<CudaContext>) {
     );
 }
 
+// ---- Low-latency all-gather and reduce-scatter ------------------------------------------------
+
+/// Byte patterns the low-latency lines must carry unchanged: all ones (the sentinel's bits),
+/// runs of 0xFF, whole 16-byte lines of all ones between random ones, and random bytes.
+fn adversarial_bytes(g: &mut StdRng, pattern: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| match pattern {
+            0 => 0xFF,
+            1 => {
+                if (i / 5) % 2 == 0 {
+                    0xFF
+                } else {
+                    g.random()
+                }
+            }
+            2 => {
+                if (i / 16) % 2 == 0 {
+                    0xFF
+                } else {
+                    g.random()
+                }
+            }
+            3 => {
+                if i % 8 < 4 {
+                    0xFF
+                } else {
+                    0x00
+                }
+            }
+            _ => g.random(),
+        })
+        .collect()
+}
+
+/// Low-latency all-gather of `chunk` bytes per rank (as `T`), forced, checked on every rank.
+fn low_latency_gather_round<T: Gatherable>(
+    comms: &[Communicator],
+    streams: &[Arc<CudaStream>],
+    chunk_elems: usize,
+    pattern: usize,
+    seed: u64,
+) -> Result<(), String> {
+    let w = comms.len();
+    let mut g = rng(seed);
+    let size = std::mem::size_of::<T>();
+    let inputs: Vec<Vec<T>> = (0..w)
+        .map(|_| from_bytes(&adversarial_bytes(&mut g, pattern, chunk_elems * size)))
+        .collect();
+    let expected = inputs.concat();
+    let d_in: Vec<CudaSlice<T>> = (0..w)
+        .map(|r| streams[r].clone_htod(&inputs[r]).unwrap())
+        .collect();
+    let mut d_out: Vec<CudaSlice<T>> = streams
+        .iter()
+        .map(|s| s.clone_htod(&poison::<T>(chunk_elems * w)).unwrap())
+        .collect();
+    for r in 0..w {
+        comms[r]
+            .all_gather_with(&d_in[r], &mut d_out[r], &streams[r], Algorithm::LowLatency)
+            .map_err(|e| format!("rank {r}: {e}"))?;
+    }
+    sync_all(comms, streams)?;
+    for r in 0..w {
+        let out = streams[r].clone_dtoh(&d_out[r]).unwrap();
+        let what = format!(
+            "{} W={w} chunk={chunk_elems} pattern {pattern} low-latency all_gather rank {r}",
+            std::any::type_name::<T>()
+        );
+        same_bytes(&what, &expected, &out)?;
+    }
+    Ok(())
+}
+
+fn low_latency_all_gather_is_bit_exact_for_adversarial_bytes(ctx: Arc<CudaContext>) {
+    let lens = [
+        1usize,
+        3,
+        7,
+        8,
+        9,
+        15,
+        16,
+        17,
+        31,
+        100,
+        1001,
+        4095,
+        8193,
+        16 << 10,
+    ];
+    for w in WORLDS {
+        let (comms, streams) = group(&ctx, w, config(1 << 20));
+        let p = comms[0].all_gather_path(16 << 10, Algorithm::Auto).unwrap();
+        assert_eq!(p.algorithm, Algorithm::LowLatency, "{p}");
+        for (i, &len) in lens.iter().enumerate() {
+            for pattern in 0..5 {
+                let seed = (w * 1000 + i * 10 + pattern) as u64;
+                low_latency_gather_round::<u8>(&comms, &streams, len, pattern, seed).unwrap();
+                if len % 2 == 0 {
+                    low_latency_gather_round::<bf16>(&comms, &streams, len / 2, pattern, seed).unwrap();
+                }
+                if len % 4 == 0 {
+                    low_latency_gather_round::<f32>(&comms, &streams, len / 4, pattern, seed).unwrap();
+                }
+            }
+        }
+        for (r, c) in comms.iter().enumerate() {
+            assert!(
+                c.__low_latency_slots_armed().unwrap(),
+                "W={w} rank {r}: a line left un-armed"
+            );
+        }
+    }
+}
+
+/// Reduce-scatter of `inputs` with `algo`: every rank's output slice.
+fn reduce_scatter_with<T: TestElem>(
+    comms: &[Communicator],
+    streams: &[Arc<CudaStream>],
+    inputs: &[Vec<T>],
+    algo: Algorithm,
+) -> Result<Vec<Vec<T>>, String> {
+    let w = comms.len();
+    let len = inputs[0].len() / w;
+    let d_in: Vec<CudaSlice<T>> = (0..w)
+        .map(|r| streams[r].clone_htod(&inputs[r]).unwrap())
+        .collect();
+    let mut d_out: Vec<CudaSlice<T>> = streams.iter().map(|s| s.alloc_zeros::<T>(len).unwrap()).collect();
+    for r in 0..w {
+        comms[r]
+            .reduce_scatter_with(&d_in[r], &mut d_out[r], &streams[r], algo)
+            .map_err(|e| format!("rank {r}: {e}"))?;
+    }
+    sync_all(comms, streams)?;
+    Ok(d_out
+        .iter()
+        .zip(streams)
+        .map(|(d, s)| s.clone_dtoh(d).unwrap())
+        .collect())
+}
+
+/// Inputs with every element's bits all ones (the sentinel) on some ranks, ±0 and random
+/// values on the others: the low-latency kernel must give the one-shot kernel's bits.
+fn reduce_scatter_algorithms_agree<T: TestElem>(
+    comms: &[Communicator],
+    streams: &[Arc<CudaStream>],
+    len: usize,
+    seed: u64,
+) -> Result<(), String> {
+    let w = comms.len();
+    let mut g = rng(seed);
+    let ones: T = bytemuck::cast_slice::<u8, T>(&[0xFFu8; 16])[0];
+    let inputs: Vec<Vec<T>> = (0..w)
+        .map(|r| {
+            let mut v: Vec<T> = random_input(&mut g, len * w);
+            for (i, x) in v.iter_mut().enumerate() {
+                if (i + r) % 7 == 0 {
+                    *x = ones;
+                } else if (i + r) % 11 == 0 {
+                    *x = T::from_f32(-0.0);
+                }
+            }
+            v
+        })
+        .collect();
+    let ll = reduce_scatter_with(comms, streams, &inputs, Algorithm::LowLatency)?;
+    let one = reduce_scatter_with(comms, streams, &inputs, Algorithm::OneShot)?;
+    for r in 0..w {
+        check_bits(
+            &format!("{} W={w} len={len} rank {r} low-latency vs one-shot", T::DTYPE),
+            &one[r],
+            &ll[r],
+        )?;
+    }
+    Ok(())
+}
+
+fn low_latency_reduce_scatter_matches_emulation_one_shot_and_all_reduce(ctx: Arc<CudaContext>) {
+    let lens = [1usize, 2, 3, 7, 8, 9, 17, 100, 1001, 2047, 4096];
+    for w in WORLDS {
+        let (comms, streams) = group(&ctx, w, config(1 << 20));
+        let p = comms[0]
+            .reduce_scatter_path(4096, DType::F32, Algorithm::Auto)
+            .unwrap();
+        assert_eq!(p.algorithm, Algorithm::LowLatency, "{p}");
+        for (i, &len) in lens.iter().enumerate() {
+            let seed = (w * 100 + i) as u64;
+            for d in DType::ALL {
+                rs_dispatch(d, &comms, &streams, len, Algorithm::LowLatency, seed).unwrap();
+            }
+            reduce_scatter_algorithms_agree::<f32>(&comms, &streams, len, seed).unwrap();
+            reduce_scatter_algorithms_agree::<f16>(&comms, &streams, len, seed).unwrap();
+            reduce_scatter_algorithms_agree::<bf16>(&comms, &streams, len, seed).unwrap();
+        }
+        for (r, c) in comms.iter().enumerate() {
+            assert!(
+                c.__low_latency_slots_armed().unwrap(),
+                "W={w} rank {r}: a line left un-armed"
+            );
+        }
+    }
+}
+
+/// 300 rounds of low-latency all-reduce, all-gather and reduce-scatter (and a one-shot
+/// all-gather every fifth round) back to back with no host synchronisation, on sizes that
+/// change every round, so every line of the shared low-latency region is written by one
+/// collective and read by another: results bit-exact each round, every line re-armed at the
+/// end.
+fn low_latency_collectives_share_the_region_without_breaking_the_sentinel(ctx: Arc<CudaContext>) {
+    for w in [3usize, 8] {
+        let (comms, streams) = group(&ctx, w, config(1 << 20));
+        let mut g = rng(7 + w as u64);
+        for round in 0..300 {
+            let len = [3usize, 500, 2048, 4001, 777][round % 5] + round % 13;
+            let ar_in: Vec<Vec<f32>> = (0..w).map(|_| random_input(&mut g, len)).collect();
+            let ag_in: Vec<Vec<u8>> = (0..w)
+                .map(|_| adversarial_bytes(&mut g, round % 5, 2 * len + 1))
+                .collect();
+            let rs_in: Vec<Vec<bf16>> = (0..w).map(|_| random_input(&mut g, len * w)).collect();
+            let ins: Vec<_> = (0..w)
+                .map(|r| {
+                    let s = &streams[r];
+                    (
+                        s.clone_htod(&ar_in[r]).unwrap(),
+                        s.clone_htod(&ag_in[r]).unwrap(),
+                        s.clone_htod(&rs_in[r]).unwrap(),
+                    )
+                })
+                .collect();
+            let mut outs: Vec<_> = (0..w)
+                .map(|r| {
+                    let s = &streams[r];
+                    (
+                        s.alloc_zeros::<f32>(len).unwrap(),
+                        s.alloc_zeros::<u8>((2 * len + 1) * w).unwrap(),
+                        s.alloc_zeros::<bf16>(len).unwrap(),
+                        s.alloc_zeros::<u8>((2 * len + 1) * w).unwrap(),
+                    )
+                })
+                .collect();
+            for r in 0..w {
+                let (c, s, i, o) = (&comms[r], &streams[r], &ins[r], &mut outs[r]);
+                c.all_reduce_with(&i.0, &mut o.0, s, Algorithm::LowLatency)
+                    .unwrap();
+                c.all_gather_with(&i.1, &mut o.1, s, Algorithm::LowLatency)
+                    .unwrap();
+                c.reduce_scatter_with(&i.2, &mut o.2, s, Algorithm::LowLatency)
+                    .unwrap();
+                if round % 5 == 0 {
+                    c.all_gather_with(&i.1, &mut o.3, s, Algorithm::OneShot).unwrap();
+                }
+            }
+            sync_all(&comms, &streams).unwrap();
+            let (ar_ref, ag_ref, rs_ref) = (emulate(&ar_in), ag_in.concat(), emulate(&rs_in));
+            for r in 0..w {
+                let s = &streams[r];
+                let what = format!("W={w} round {round} rank {r}");
+                check_bits(
+                    &format!("{what} all_reduce"),
+                    &ar_ref,
+                    &s.clone_dtoh(&outs[r].0).unwrap(),
+                )
+                .unwrap();
+                same_bytes(
+                    &format!("{what} all_gather"),
+                    &ag_ref,
+                    &s.clone_dtoh(&outs[r].1).unwrap(),
+                )
+                .unwrap();
+                check_bits(
+                    &format!("{what} reduce_scatter"),
+                    &rs_ref[r * len..(r + 1) * len],
+                    &s.clone_dtoh(&outs[r].2).unwrap(),
+                )
+                .unwrap();
+                if round % 5 == 0 {
+                    same_bytes(
+                        &format!("{what} one-shot all_gather"),
+                        &ag_ref,
+                        &s.clone_dtoh(&outs[r].3).unwrap(),
+                    )
+                    .unwrap();
+                }
+            }
+        }
+        for (r, c) in comms.iter().enumerate() {
+            assert!(
+                c.__low_latency_slots_armed().unwrap(),
+                "W={w} rank {r}: a line left un-armed"
+            );
+        }
+    }
+}
+
+/// One graph per rank of a low-latency all-gather (bytes with all-ones lines), reduce-scatter
+/// and all-reduce, replayed 100 times with new inputs.
+fn low_latency_graph_replays_100_times_on_new_inputs(ctx: Arc<CudaContext>) {
+    const W: usize = 4;
+    let (comms, streams) = group(&ctx, W, config(1 << 20));
+    let (ag_len, rs_len, ar_len) = (3001usize, 1999usize, 4097usize);
+    let mut ins: Vec<_> = (0..W)
+        .map(|r| {
+            let s = &streams[r];
+            (
+                s.alloc_zeros::<u8>(ag_len).unwrap(),
+                s.alloc_zeros::<f16>(rs_len * W).unwrap(),
+                s.alloc_zeros::<bf16>(ar_len).unwrap(),
+            )
+        })
+        .collect();
+    let mut outs: Vec<_> = (0..W)
+        .map(|r| {
+            let s = &streams[r];
+            (
+                s.alloc_zeros::<u8>(ag_len * W).unwrap(),
+                s.alloc_zeros::<f16>(rs_len).unwrap(),
+                s.alloc_zeros::<bf16>(ar_len).unwrap(),
+            )
+        })
+        .collect();
+    for (what, path) in [
+        (
+            "all_gather",
+            comms[0].all_gather_path(ag_len, Algorithm::Auto).unwrap(),
+        ),
+        (
+            "reduce_scatter",
+            comms[0]
+                .reduce_scatter_path(rs_len, DType::F16, Algorithm::Auto)
+                .unwrap(),
+        ),
+        (
+            "all_reduce",
+            comms[0].path(ar_len, DType::BF16, Algorithm::Auto).unwrap(),
+        ),
+    ] {
+        assert_eq!(path.algorithm, Algorithm::LowLatency, "{what}: {path}");
+    }
+    let graphs: Vec<_> = (0..W)
+        .map(|r| {
+            let (c, s, i, o) = (&comms[r], &streams[r], &ins[r], &mut outs[r]);
+            s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+                .unwrap();
+            c.all_gather(&i.0, &mut o.0, s).unwrap();
+            c.reduce_scatter(&i.1, &mut o.1, s).unwrap();
+            c.all_reduce(&i.2, &mut o.2, s).unwrap();
+            s.end_capture(CUgraphInstantiate_flags(0))
+                .unwrap()
+                .expect("captured graph")
+        })
+        .collect();
+    let mut g = rng(1313);
+    for replay in 0..100 {
+        let ag_in: Vec<Vec<u8>> = (0..W)
+            .map(|_| adversarial_bytes(&mut g, replay % 5, ag_len))
+            .collect();
+        let rs_in: Vec<Vec<f16>> = (0..W).map(|_| random_input(&mut g, rs_len * W)).collect();
+        let ar_in: Vec<Vec<bf16>> = (0..W).map(|_| random_input(&mut g, ar_len)).collect();
+        for r in 0..W {
+            let s = &streams[r];
+            s.memcpy_htod(&ag_in[r], &mut ins[r].0).unwrap();
+            s.memcpy_htod(&rs_in[r], &mut ins[r].1).unwrap();
+            s.memcpy_htod(&ar_in[r], &mut ins[r].2).unwrap();
+        }
+        for graph in &graphs {
+            graph.launch().unwrap();
+        }
+        sync_all(&comms, &streams).unwrap();
+        let (ag_ref, rs_ref, ar_ref) = (ag_in.concat(), emulate(&rs_in), emulate(&ar_in));
+        for r in 0..W {
+            let s = &streams[r];
+            let what = format!("replay {replay} rank {r}");
+            same_bytes(
+                &format!("{what} all_gather"),
+                &ag_ref,
+                &s.clone_dtoh(&outs[r].0).unwrap(),
+            )
+            .unwrap();
+            check_bits(
+                &format!("{what} reduce_scatter"),
+                &rs_ref[r * rs_len..(r + 1) * rs_len],
+                &s.clone_dtoh(&outs[r].1).unwrap(),
+            )
+            .unwrap();
+            check_bits(
+                &format!("{what} all_reduce"),
+                &ar_ref,
+                &s.clone_dtoh(&outs[r].2).unwrap(),
+            )
+            .unwrap();
+        }
+    }
+    for (r, c) in comms.iter().enumerate() {
+        assert!(
+            c.__low_latency_slots_armed().unwrap(),
+            "rank {r}: a line left un-armed"
+        );
+    }
+}
+
+// ---- all_gather_v through NCCL --------------------------------------------------------------
+
+/// An all_gather_v on a communicator with an NCCL fallback (NCCL refuses two ranks on one
+/// GPU, so a world of one: one broadcast in the group): below the threshold the kernel;
+/// above `nccl_above_bytes` or the workspace NCCL; every byte copied either way.
+fn all_gather_v_routes_to_nccl_bit_exact(comm: &Communicator, stream: &Arc<CudaStream>) {
+    assert!(comm.has_nccl_fallback(), "{:?}", comm.nccl_unavailable());
+    let mut g = rng(4242);
+    for (len, expect) in [
+        (100usize, Algorithm::OneShot),
+        (40_000, Algorithm::Nccl),  // above nccl_above_bytes
+        (200_001, Algorithm::Nccl), // above the workspace
+        (3, Algorithm::OneShot),
+    ] {
+        let path = comm.all_gather_v_path(&[len]).unwrap();
+        assert_eq!(path.algorithm, expect, "len {len}: {path}");
+        let host = adversarial_bytes(&mut g, len % 5, len);
+        let input = stream.clone_htod(&host).unwrap();
+        let mut out = stream.clone_htod(&poison::<u8>(len)).unwrap();
+        comm.all_gather_v(&input, &[len], &mut out, stream).unwrap();
+        comm.synchronize(stream).unwrap();
+        let got = stream.clone_dtoh(&out).unwrap();
+        same_bytes(&format!("all_gather_v of {len} bytes ({expect})"), &host, &got).unwrap();
+    }
+}
+
+fn nccl_config() -> Config {
+    Config {
+        capacity_bytes: 64 << 10,
+        nccl_above_bytes: Some(32 << 10),
+        ..Config::default()
+    }
+}
+
+fn all_gather_v_goes_to_nccl_through_the_callers_communicator(ctx: Arc<CudaContext>) {
+    use symm_allreduce::cudarc::nccl::{Comm, Id};
+    let nccl_stream = ctx.new_stream().unwrap();
+    ctx.bind_to_thread().unwrap();
+    let nccl = Comm::from_rank(nccl_stream.clone(), 0, 1, Id::new().expect("ncclGetUniqueId"))
+        .expect("ncclCommInitRank");
+    let comm = Communicator::from_nccl(nccl, nccl_config()).unwrap();
+    // On another stream (event fork and join) and on the communicator's own.
+    all_gather_v_routes_to_nccl_bit_exact(&comm, &ctx.new_stream().unwrap());
+    all_gather_v_routes_to_nccl_bit_exact(&comm, &nccl_stream);
+}
+
+fn all_gather_v_goes_to_nccl_through_its_own_fallback(ctx: Arc<CudaContext>) {
+    use std::time::Duration;
+    use symm_allreduce::{SocketStore, StoreAddress};
+    let address = StoreAddress::unique("symm-agv-test").unwrap();
+    let store = SocketStore::new(&address, 0, 1, Duration::from_secs(10)).unwrap();
+    let comm = Communicator::with_nccl_fallback(&store, ctx.clone(), nccl_config()).unwrap();
+    all_gather_v_routes_to_nccl_bit_exact(&comm, &ctx.new_stream().unwrap());
+}
+
 fn main() -> std::process::ExitCode {
     common::harness::run(
         "gpu_collectives",
@@ -710,6 +1180,12 @@ fn main() -> std::process::ExitCode {
             gpu_test!(bad_collective_inputs_are_typed_errors),
             gpu_test!(all_gather_v_counts_that_disagree_error_on_every_rank),
             gpu_test!(collective_calls_allocate_nothing),
+            gpu_test!(low_latency_all_gather_is_bit_exact_for_adversarial_bytes),
+            gpu_test!(low_latency_reduce_scatter_matches_emulation_one_shot_and_all_reduce),
+            gpu_test!(low_latency_collectives_share_the_region_without_breaking_the_sentinel),
+            gpu_test!(low_latency_graph_replays_100_times_on_new_inputs),
+            gpu_nccl_test!(all_gather_v_goes_to_nccl_through_the_callers_communicator),
+            gpu_nccl_test!(all_gather_v_goes_to_nccl_through_its_own_fallback),
         ],
     )
 }

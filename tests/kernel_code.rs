@@ -100,6 +100,8 @@ fn every_kernel_is_present_and_peer_data_moves_in_16_byte_packs() {
         "one_shot_ll",
         "all_gather",
         "reduce_scatter",
+        "all_gather_ll",
+        "reduce_scatter_ll",
     ] {
         for dtype in ["f32", "f16", "bf16"] {
             let name = format!(".entry symm_{algo}_{dtype}(");

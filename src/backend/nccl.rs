@@ -8,7 +8,7 @@ use std::sync::Arc;
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop,
 };
-use cudarc::nccl::{Comm, NcclType, ReduceOp};
+use cudarc::nccl::{group_end, group_start, Comm, NcclType, ReduceOp};
 
 use crate::dtype::Element;
 use crate::error::{CudaResultExt, Error, Result};
@@ -125,6 +125,50 @@ impl Fallback {
                     .all_gather(&src, &mut dst)
                     .map(|_| ())
                     .map_err(Error::from_cudarc_nccl("ncclAllGather"))
+            }),
+        }
+    }
+
+    /// Gathers `counts[q]` bytes from every rank q (rank-major, no gaps) into `output`, as one
+    /// group of `ncclBroadcast`s rooted at each rank in turn (NCCL 2.x has no all-gather-v).
+    /// The caller validated both ranges (this rank's count at `input`, the sum at `output`,
+    /// device memory of this device) and that the counts are the same on every rank.
+    pub(crate) fn all_gather_v_bytes(
+        &self,
+        input: u64,
+        output: u64,
+        counts: impl Iterator<Item = usize> + Clone,
+        rank: usize,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        match self {
+            Fallback::Raw(c) => {
+                c.async_error()?;
+                // SAFETY: live communicator; the caller validated the ranges; live stream.
+                unsafe { c.all_gather_v_bytes(input, output, counts, stream) }
+            }
+            Fallback::Cudarc { comm, fork, join } => on_nccl_stream(comm.get(), fork, join, stream, |s| {
+                let broadcasts = || {
+                    let mut at = 0u64;
+                    for (root, count) in counts.clone().enumerate() {
+                        if count > 0 {
+                            let src = RawRange::<u8>::new(input, count, s);
+                            let mut dst = RawRange::<u8>::new(output + at, count, s);
+                            comm.get()
+                                .broadcast((root == rank).then_some(&src), &mut dst, root as i32)
+                                .map_err(Error::from_cudarc_nccl("ncclBroadcast"))?;
+                        }
+                        at += count as u64;
+                    }
+                    Ok(())
+                };
+                // cudarc's group calls reach the library its communicator was made by.
+                group_start().map_err(Error::from_cudarc_nccl("ncclGroupStart"))?;
+                let result = broadcasts();
+                let end = group_end()
+                    .map(|_| ())
+                    .map_err(Error::from_cudarc_nccl("ncclGroupEnd"));
+                result.and(end)
             }),
         }
     }

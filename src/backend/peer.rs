@@ -198,19 +198,37 @@ impl PeerBackend {
         }
     }
 
-    /// Launches the reduce-scatter kernel of `dtype`: `world · len` elements at `input`,
-    /// this rank's `len` into `output`. The caller validated the ranges.
-    pub(crate) fn launch_reduce_scatter(
+    /// Launches the low-latency all-gather: this rank's `chunk_bytes` at `input`, every
+    /// rank's (rank-major) into `output`. The caller validated both ranges (16-byte aligned,
+    /// this rank's device) and made the context current.
+    pub(crate) fn launch_gather_low_latency(
         &self,
         plan: Plan,
-        dtype: crate::dtype::DType,
         input: u64,
         output: u64,
-        len: usize,
+        chunk_bytes: usize,
         stream: &CudaStream,
     ) -> Result<()> {
-        let func = self.kernels.get(Kernel::ReduceScatter, dtype)?;
-        let args = self.call_args(Some(Kernel::ReduceScatter), dtype, len, 0);
+        // Every dtype column holds the same byte kernel; the length is in bytes.
+        let (kernel, column) = (Kernel::AllGatherLowLatency, DType::F32);
+        let func = self.kernels.get(kernel, column)?;
+        let args = self.call_args(Some(kernel), column, chunk_bytes, 0);
+        self.launch_function(func, plan, (input, output, chunk_bytes), args, stream)
+    }
+
+    /// Launches a reduce-scatter kernel (`ReduceScatter` or `ReduceScatterLowLatency`) of
+    /// `dtype`: `world · len` elements at `input`, this rank's `len` into `output`. The
+    /// caller validated the ranges.
+    pub(crate) fn launch_reduce_scatter(
+        &self,
+        kernel: Kernel,
+        plan: Plan,
+        dtype: DType,
+        (input, output, len): (u64, u64, usize),
+        stream: &CudaStream,
+    ) -> Result<()> {
+        let func = self.kernels.get(kernel, dtype)?;
+        let args = self.call_args(Some(kernel), dtype, len, 0);
         self.launch_function(func, plan, (input, output, len), args, stream)
     }
 

@@ -12,6 +12,7 @@ use crate::config::Algorithm;
 use crate::driver::nvtx;
 use crate::dtype::{DType, Element, Gatherable};
 use crate::error::{CudaResultExt, Error, Result};
+use crate::kernels::registry::Kernel;
 use crate::plan::collective::{
     explain_collective, route_collective, validate_all_gather, validate_all_gather_v,
     validate_reduce_scatter, CollShape, Collective,
@@ -35,9 +36,14 @@ impl Communicator {
     /// like the float types; any length. All ranks must make the same sequence of calls with
     /// the same lengths (a length that differs across ranks is reported by
     /// [`synchronize`](Self::synchronize) as [`Error::CountsMismatch`] when the kernels take
-    /// the call). Routed like the all-reduce: the one-shot kernel up to the workspace, NCCL
-    /// (`ncclAllGather`) above `Config::nccl_above_bytes` (compared with the gathered size)
-    /// or the workspace; see [`all_gather_path`](Self::all_gather_path).
+    /// the call). Routed like the all-reduce: the low-latency kernel while the lines one rank
+    /// pushes to one peer (twice its chunk: 8 payload bytes per 16-byte line, so that any
+    /// byte pattern is data) fit `Config::low_latency_max_bytes`, the one-shot kernel up to
+    /// the workspace, NCCL (`ncclAllGather`) above `Config::nccl_above_bytes` (compared with
+    /// the gathered size) or the workspace; see [`all_gather_path`](Self::all_gather_path).
+    /// In the low-latency range a length that differs across ranks is not reported as
+    /// `CountsMismatch`: the ranks wait for lines that never come, time out, and the
+    /// communicator is poisoned (`Config::check_divergence` reports it as `Diverged` first).
     pub fn all_gather<T: Gatherable>(
         &self,
         input: &impl DevicePtr<T>,
@@ -47,8 +53,9 @@ impl Communicator {
         self.all_gather_with(input, output, stream, Algorithm::Auto)
     }
 
-    /// [`all_gather`](Self::all_gather) with a forced algorithm: `Auto`, `OneShot` (the
-    /// kernel, refused above the workspace) or `Nccl`.
+    /// [`all_gather`](Self::all_gather) with a forced algorithm: `Auto`, `LowLatency`
+    /// (refused above the low-latency slots), `OneShot` (refused above the workspace) or
+    /// `Nccl`.
     pub fn all_gather_with<T: Gatherable>(
         &self,
         input: &impl DevicePtr<T>,
@@ -74,10 +81,14 @@ impl Communicator {
     /// read (every rank publishes its counts next to its data and compares every peer's):
     /// [`synchronize`](Self::synchronize) then returns [`Error::CountsMismatch`] on every
     /// rank, the output's peer chunks are left as they were, and the communicator stays
-    /// usable. Always the kernel (NCCL has no all-gather-v): refused with
-    /// [`Error::ExceedsCapacity`] when the largest chunk exceeds the workspace, and with
-    /// [`Error::InvalidCollective`] when the peer kernels are not set up. It always launches
-    /// the whole one-shot grid, so that ranks that disagree still meet.
+    /// usable. The one-shot kernel (always its whole grid, so that ranks that disagree still
+    /// meet) up to the workspace; NCCL, as one group of `ncclBroadcast`s rooted at each rank
+    /// (NCCL has no all-gather-v), above `Config::nccl_above_bytes` (the gathered size) or
+    /// when the largest chunk exceeds the workspace, or when the peer kernels are not set up.
+    /// NCCL does not check the counts: on that path counts that disagree are undefined
+    /// behaviour (a hang or wrong bytes). Without a fallback a chunk above the workspace is
+    /// refused with [`Error::ExceedsCapacity`]. See
+    /// [`all_gather_v_path`](Self::all_gather_v_path).
     pub fn all_gather_v<T: Gatherable>(
         &self,
         input: &impl DevicePtr<T>,
@@ -100,7 +111,9 @@ impl Communicator {
     /// accumulation in absolute rank order, rounded once: the kernel's output has the bits of
     /// the same slice of an [`all_reduce`](Self::all_reduce) of the same inputs. Routed like
     /// [`all_gather`](Self::all_gather) (`ncclReduceScatter` where NCCL takes it, whose sums
-    /// are NCCL's own); see [`reduce_scatter_path`](Self::reduce_scatter_path).
+    /// are NCCL's own); the low-latency kernel (the all-reduce's lines, the same bits) while
+    /// the padded slice fits the low-latency threshold of the dtype and world; see
+    /// [`reduce_scatter_path`](Self::reduce_scatter_path).
     pub fn reduce_scatter<T: Element>(
         &self,
         input: &impl DevicePtr<T>,
@@ -110,8 +123,8 @@ impl Communicator {
         self.reduce_scatter_with(input, output, stream, Algorithm::Auto)
     }
 
-    /// [`reduce_scatter`](Self::reduce_scatter) with a forced algorithm: `Auto`, `OneShot`
-    /// or `Nccl`.
+    /// [`reduce_scatter`](Self::reduce_scatter) with a forced algorithm: `Auto`,
+    /// `LowLatency`, `OneShot` or `Nccl`.
     pub fn reduce_scatter_with<T: Element>(
         &self,
         input: &impl DevicePtr<T>,
@@ -120,7 +133,7 @@ impl Communicator {
         algorithm: Algorithm,
     ) -> Result<()> {
         self.check_usable()?;
-        let shape = validate_reduce_scatter(T::DTYPE.size(), input.len(), output.len(), self.world)?;
+        let shape = validate_reduce_scatter(T::DTYPE, input.len(), output.len(), self.world)?;
         let route = route_collective(&shape, &self.config, algorithm, self.facts())?;
         let len = output.len();
         let _range = nvtx::Range::new(|| {
@@ -132,12 +145,12 @@ impl Communicator {
             )
         });
         self.with_addresses(input, output, stream, |b| match route.target {
-            Target::Kernel(_, plan) => {
+            Target::Kernel(kernel, plan) => {
                 self.placement(b, true)?;
                 let peer = self.peer()?;
                 self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
                 self.order_after_previous_call(stream)?;
-                peer.launch_reduce_scatter(plan, T::DTYPE, b.input, b.output, len, stream)
+                peer.launch_reduce_scatter(kernel, plan, T::DTYPE, (b.input, b.output, len), stream)
             }
             Target::Nccl => {
                 self.placement(b, false)?;
@@ -177,7 +190,7 @@ impl Communicator {
         dtype: DType,
         algorithm: Algorithm,
     ) -> Result<PathDecision> {
-        let shape = validate_reduce_scatter(dtype.size(), len.saturating_mul(self.world), len, self.world)?;
+        let shape = validate_reduce_scatter(dtype, len.saturating_mul(self.world), len, self.world)?;
         self.explain_collective(&shape, algorithm)
     }
 
@@ -265,22 +278,29 @@ impl Communicator {
             )
         });
         match route.target {
-            Target::Kernel(_, plan) => {
+            Target::Kernel(kernel, plan) => {
                 self.placement(b, true)?;
                 let peer = self.peer()?;
                 self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
                 self.order_after_previous_call(stream)?;
-                peer.launch_gather(plan, b.input, b.output, counts, stream)
+                if kernel == Kernel::AllGatherLowLatency {
+                    let chunk = counts.clone().nth(self.rank).unwrap_or(0);
+                    peer.launch_gather_low_latency(plan, b.input, b.output, chunk, stream)
+                } else {
+                    peer.launch_gather(plan, b.input, b.output, counts, stream)
+                }
             }
             Target::Nccl => {
-                // Routing never sends all_gather_v to NCCL: every count is this rank's.
-                debug_assert_eq!(shape.collective, Collective::AllGather);
                 self.placement(b, false)?;
                 self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
                 self.order_after_previous_call(stream)?;
-                let chunk = counts.clone().nth(self.rank).unwrap_or(0);
-                self.nccl()?
-                    .all_gather_bytes(b.input, b.output, chunk, self.world, stream)
+                let nccl = self.nccl()?;
+                if shape.collective == Collective::AllGatherV {
+                    nccl.all_gather_v_bytes(b.input, b.output, counts, self.rank, stream)
+                } else {
+                    let chunk = counts.clone().nth(self.rank).unwrap_or(0);
+                    nccl.all_gather_bytes(b.input, b.output, chunk, self.world, stream)
+                }
             }
         }
     }

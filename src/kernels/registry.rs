@@ -28,6 +28,10 @@ pub(crate) enum Kernel {
     AllGather,
     /// Reduce-scatter, one-shot.
     ReduceScatter,
+    /// All-gather, low-latency (flagged 8-byte lines; byte-typed like `AllGather`).
+    AllGatherLowLatency,
+    /// Reduce-scatter, low-latency (the all-reduce's 16-byte lines).
+    ReduceScatterLowLatency,
     /// All-reduce + residual + RMSNorm, one barrier (kernels/fused_norm.cuh).
     FusedOneShot,
     /// All-reduce + residual + RMSNorm, rows split across ranks, two barriers.
@@ -53,7 +57,7 @@ pub(crate) struct KernelSpec {
 }
 
 /// Every kernel, in table order.
-pub(crate) const KERNELS: [KernelSpec; 11] = [
+pub(crate) const KERNELS: [KernelSpec; 13] = [
     KernelSpec {
         kernel: Kernel::OneShot,
         prefix: "one_shot",
@@ -120,6 +124,18 @@ pub(crate) const KERNELS: [KernelSpec; 11] = [
         min_arch: 80,
         family: Family::TwoShot,
     },
+    KernelSpec {
+        kernel: Kernel::AllGatherLowLatency,
+        prefix: "all_gather_ll",
+        min_arch: 80,
+        family: Family::OneShot,
+    },
+    KernelSpec {
+        kernel: Kernel::ReduceScatterLowLatency,
+        prefix: "reduce_scatter_ll",
+        min_arch: 80,
+        family: Family::OneShot,
+    },
 ];
 
 /// The body-less kernel with the common signature (the benchmark's launch floor).
@@ -145,6 +161,8 @@ impl Kernel {
             Kernel::RmsNorm => 8,
             Kernel::InPlaceMultimem => 9,
             Kernel::PoolTwoShot => 10,
+            Kernel::AllGatherLowLatency => 11,
+            Kernel::ReduceScatterLowLatency => 12,
         }
     }
 

@@ -135,6 +135,45 @@ impl RawComm {
         }
     }
 
+    /// All-gather-v of bytes as one group of `ncclBroadcast`s, rank q the root of its
+    /// `counts[q]` bytes into `output` at `counts[..q].sum()` (NCCL has no all-gather-v;
+    /// `ncclAllGather` on padded counts would need a staging buffer and a second copy).
+    /// Zero counts are skipped on every rank alike (the counts are the same everywhere).
+    ///
+    /// # Safety
+    /// `input` holds this rank's `counts[rank]` bytes and `output` their sum, device memory
+    /// on this communicator's device, live until the group completes on `stream`.
+    pub(crate) unsafe fn all_gather_v_bytes(
+        &self,
+        input: u64,
+        output: u64,
+        counts: impl Iterator<Item = usize>,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        self.library.grouped(|| {
+            let mut at = 0u64;
+            for (root, count) in counts.enumerate() {
+                if count > 0 {
+                    // SAFETY: the caller's guarantee covers every chunk of `output` and, on
+                    // the root (this rank), `input`; NCCL reads `input` only on the root.
+                    unsafe {
+                        self.library.broadcast(
+                            self.comm,
+                            input,
+                            output + at,
+                            count,
+                            sys::ncclDataType_t::ncclUint8,
+                            root,
+                            stream.cu_stream(),
+                        )
+                    }?;
+                }
+                at += count as u64;
+            }
+            Ok(())
+        })
+    }
+
     /// The library it was made by.
     pub(crate) fn library(&self) -> &'static NcclLibrary {
         self.library

@@ -38,6 +38,16 @@ type AllReduceFn = unsafe extern "C" fn(
 type AllGatherFn =
     unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, sys::ncclComm_t, *mut c_void) -> c_int;
 type ReduceScatterFn = AllReduceFn;
+type BroadcastFn = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    c_int,
+    c_int,
+    sys::ncclComm_t,
+    *mut c_void,
+) -> c_int;
+type GroupFn = unsafe extern "C" fn() -> c_int;
 type GetErrorStringFn = unsafe extern "C" fn(c_int) -> *const c_char;
 
 /// NCCL's functions, resolved once per process. Return codes are read as plain integers
@@ -52,6 +62,9 @@ pub(crate) struct NcclLibrary {
     all_reduce: AllReduceFn,
     all_gather: AllGatherFn,
     reduce_scatter: ReduceScatterFn,
+    broadcast: BroadcastFn,
+    group_start: GroupFn,
+    group_end: GroupFn,
     get_error_string: GetErrorStringFn,
     // Keeps the function pointers above valid; never unloaded (lives in a static).
     _library: libloading::Library,
@@ -165,6 +178,12 @@ fn bind(library: libloading::Library, name: &str) -> std::result::Result<NcclLib
         all_gather: unsafe { symbol(&library, "ncclAllGather")? },
         // SAFETY: see above (same prototype as ncclAllReduce, with recvcount).
         reduce_scatter: unsafe { symbol(&library, "ncclReduceScatter")? },
+        // SAFETY: see above (ncclBroadcast: send, recv, count, type, root, comm, stream).
+        broadcast: unsafe { symbol(&library, "ncclBroadcast")? },
+        // SAFETY: see above (`ncclResult_t ncclGroupStart(void)`).
+        group_start: unsafe { symbol(&library, "ncclGroupStart")? },
+        // SAFETY: see above (`ncclResult_t ncclGroupEnd(void)`).
+        group_end: unsafe { symbol(&library, "ncclGroupEnd")? },
         // SAFETY: see above.
         get_error_string: unsafe { symbol(&library, "ncclGetErrorString")? },
         _library: library,
@@ -342,6 +361,50 @@ impl NcclLibrary {
             )
         };
         self.check(code, "ncclReduceScatter")
+    }
+
+    /// `ncclBroadcast` of `count` elements of `dtype` from rank `root`'s `input` into every
+    /// rank's `output`, on `stream` (`input` is read on the root only).
+    ///
+    /// # Safety
+    /// As [`NcclLibrary::all_gather`], with `output` holding `count` elements and, on the
+    /// root, `input` holding `count` elements.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn broadcast(
+        &self,
+        comm: sys::ncclComm_t,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: sys::ncclDataType_t,
+        root: usize,
+        stream: CUstream,
+    ) -> Result<()> {
+        // SAFETY: the caller's guarantee.
+        let code = unsafe {
+            (self.broadcast)(
+                input as *const c_void,
+                output as *mut c_void,
+                count,
+                dtype as c_int,
+                root as c_int,
+                comm,
+                stream as *mut c_void,
+            )
+        };
+        self.check(code, "ncclBroadcast")
+    }
+
+    /// Runs `calls` between `ncclGroupStart` and `ncclGroupEnd` (which this thread's group
+    /// state makes one fused launch), ending the group whatever `calls` returns; the first
+    /// error wins.
+    pub(crate) fn grouped(&self, calls: impl FnOnce() -> Result<()>) -> Result<()> {
+        // SAFETY: ncclGroupStart has no preconditions; it opens this thread's group.
+        self.check(unsafe { (self.group_start)() }, "ncclGroupStart")?;
+        let result = calls();
+        // SAFETY: closes the group opened above (whatever the calls in it returned).
+        let end = self.check(unsafe { (self.group_end)() }, "ncclGroupEnd");
+        result.and(end)
     }
 }
 

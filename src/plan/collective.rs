@@ -7,11 +7,20 @@
 //! copies in: its own chunk (all-gather, in front of the counts slots at the end of the data
 //! buffer) or its whole input with every slice rounded up to 16 bytes (reduce-scatter).
 //!
+//! The low-latency kernels do not use the workspace: what must fit is what one rank pushes
+//! into one peer's low-latency slot ([`CollShape::ll_slot_bytes`]), at most
+//! [`Config::low_latency_limit`]. `Auto` takes them up to `Config::low_latency_max_bytes` of
+//! slot bytes (reduce-scatter: the tuning table's low-latency threshold of its dtype and
+//! world, as for the all-reduce); the all-gather's lines carry 8 payload bytes each (see
+//! kernels/low_latency_bytes.cuh), so its slot bytes are twice its chunk.
+//!
 //! Routes: `Algorithm::Nccl` (asked for or configured) → `ncclAllGather` /
-//! `ncclReduceScatter`; no peer kernels → NCCL; `Auto` above `nccl_above_bytes` or above the
-//! workspace with a fallback → NCCL; otherwise the one-shot kernel. All-gather-v has no NCCL
-//! path (NCCL has no all-gather-v call): it runs on the kernel up to the workspace and is
-//! refused with a typed error beyond, or when the peer kernels are not set up.
+//! `ncclReduceScatter` / grouped `ncclBroadcast`s for all-gather-v; no peer kernels → NCCL;
+//! `Auto` above `nccl_above_bytes` with a fallback → NCCL; `LowLatency` asked for or
+//! configured, or `Auto` within the low-latency threshold → the low-latency kernel (refused
+//! above the slots); `Auto` above the workspace with a fallback → NCCL; otherwise the
+//! one-shot kernel, refused with a typed error above the workspace. All-gather-v has no
+//! low-latency kernel (its one-shot detects counts that disagree across ranks).
 
 use super::route::{PathFacts, Route, Rule, Target};
 use super::{PathDecision, Plan};
@@ -45,6 +54,14 @@ impl Collective {
             Collective::ReduceScatter => Kernel::ReduceScatter,
         }
     }
+
+    const fn low_latency_kernel(self) -> Option<Kernel> {
+        match self {
+            Collective::AllGather => Some(Kernel::AllGatherLowLatency),
+            Collective::ReduceScatter => Some(Kernel::ReduceScatterLowLatency),
+            Collective::AllGatherV => None,
+        }
+    }
 }
 
 /// A validated call, as the numbers routing needs.
@@ -57,7 +74,17 @@ pub(crate) struct CollShape {
     pub(crate) workspace_bytes: usize,
     /// 16-byte packs one rank's grid walks (largest chunk; one slice).
     pub(crate) packs: usize,
+    /// Bytes of 16-byte lines one rank pushes into one peer's low-latency slot (`None`: no
+    /// low-latency kernel).
+    pub(crate) ll_slot_bytes: Option<usize>,
+    /// The element type whose low-latency threshold `Auto` uses (`None`: bytes, which use
+    /// `Config::low_latency_max_bytes`).
+    pub(crate) dtype: Option<DType>,
 }
+
+/// Payload bytes per 16-byte line of the low-latency all-gather (`LL_BYTES_PER_LINE` in
+/// kernels/low_latency_bytes.cuh).
+pub(crate) const LL_GATHER_BYTES_PER_LINE: usize = 8;
 
 fn invalid(call: &'static str, reason: String) -> Error {
     Error::InvalidCollective { call, reason }
@@ -88,6 +115,8 @@ pub(crate) fn validate_all_gather(
         bytes: chunk.saturating_mul(world),
         workspace_bytes: chunk,
         packs: chunk / 16,
+        ll_slot_bytes: Some(chunk.div_ceil(LL_GATHER_BYTES_PER_LINE).saturating_mul(16)),
+        dtype: None,
     })
 }
 
@@ -144,12 +173,14 @@ pub(crate) fn validate_all_gather_v(
         bytes: total.saturating_mul(elem_bytes),
         workspace_bytes: largest,
         packs: largest / 16,
+        ll_slot_bytes: None,
+        dtype: None,
     })
 }
 
 /// `reduce_scatter`: `world · output_len` elements in, this rank's slice of `output_len` out.
 pub(crate) fn validate_reduce_scatter(
-    elem_bytes: usize,
+    dtype: DType,
     input_len: usize,
     output_len: usize,
     world: usize,
@@ -165,12 +196,15 @@ pub(crate) fn validate_reduce_scatter(
             ),
         ));
     }
-    let slice = output_len.saturating_mul(elem_bytes);
+    let slice = output_len.saturating_mul(dtype.size());
+    let padded = slice.saturating_add(15) / 16 * 16;
     Ok(CollShape {
         collective: Collective::ReduceScatter,
         bytes: slice.saturating_mul(world),
-        workspace_bytes: slice.next_multiple_of(16).saturating_mul(world),
+        workspace_bytes: padded.saturating_mul(world),
         packs: slice / 16,
+        ll_slot_bytes: Some(padded),
+        dtype: Some(dtype),
     })
 }
 
@@ -184,20 +218,37 @@ pub(crate) fn capacity(collective: Collective, config: &Config) -> usize {
     }
 }
 
-/// The grid: one thread per pack, capped by the one-shot family's limit. All-gather-v always
-/// launches the whole limit, so that ranks whose counts disagree still launch the same grid
-/// and every block meets its peers and reports the mismatch (instead of timing out).
-fn grid(shape: &CollShape, limits: super::Limits) -> Plan {
+/// The grid: one thread per pack (low-latency: per line), capped by the one-shot family's
+/// limit. All-gather-v always launches the whole limit, so that ranks whose counts disagree
+/// still launch the same grid and every block meets its peers and reports the mismatch
+/// (instead of timing out).
+fn grid(shape: &CollShape, kernel: Kernel, limits: super::Limits) -> Plan {
     let cap = limits.blocks(Family::OneShot).min(MAX_BLOCKS);
+    let work = match kernel {
+        Kernel::AllGatherLowLatency | Kernel::ReduceScatterLowLatency => {
+            shape.ll_slot_bytes.unwrap_or(0) / 16
+        }
+        _ => shape.packs,
+    };
     let blocks = match shape.collective {
         Collective::AllGatherV => cap,
-        _ => shape.packs.div_ceil(THREADS_PER_BLOCK as usize).max(1).min(cap),
+        _ => work.div_ceil(THREADS_PER_BLOCK as usize).max(1).min(cap),
     };
     Plan {
-        algorithm: Algorithm::OneShot,
+        algorithm: super::algorithm_of(kernel),
         blocks: blocks as u32,
         threads: THREADS_PER_BLOCK,
     }
+}
+
+/// The most slot bytes `Auto` sends through the low-latency kernel: the all-reduce's
+/// low-latency threshold of the dtype and world (bytes: `low_latency_max_bytes`), never above
+/// the slots.
+fn low_latency_auto_max(shape: &CollShape, config: &Config, world: usize) -> usize {
+    let threshold = shape.dtype.map_or(config.low_latency_max_bytes, |d| {
+        config.thresholds(d, world).low_latency_max
+    });
+    threshold.min(config.low_latency_limit())
 }
 
 /// Routes a validated collective (pure; every rank decides the same for the same shape).
@@ -219,29 +270,28 @@ pub(crate) fn route_collective(
             threshold_ignored: false,
         })
     };
-    let has_nccl = c != Collective::AllGatherV;
     let chosen = if requested == Algorithm::Auto {
         config.algorithm
     } else {
         requested
     };
+    let low_latency = c.low_latency_kernel();
     match requested {
-        Algorithm::LowLatency | Algorithm::TwoShot => {
+        Algorithm::TwoShot | Algorithm::Multimem => {
             return Err(invalid(
                 c.name(),
-                format!("there is no {requested} kernel for it: pass Auto, OneShot or Nccl"),
+                format!("there is no {requested} kernel for it: pass Auto, LowLatency, OneShot or Nccl"),
             ))
         }
-        Algorithm::Nccl if !has_nccl => {
+        Algorithm::LowLatency if low_latency.is_none() => {
             return Err(invalid(
                 c.name(),
-                "NCCL has no all-gather-v: pass Auto or OneShot (the kernel takes it up to the capacity)"
-                    .to_string(),
+                "there is no low_latency kernel for it: pass Auto, OneShot or Nccl".to_string(),
             ))
         }
         _ => {}
     }
-    if chosen == Algorithm::Nccl && has_nccl {
+    if chosen == Algorithm::Nccl {
         return match facts.nccl {
             Ok(()) if requested == Algorithm::Nccl => nccl(Rule::NcclAskedFor),
             Ok(()) => nccl(Rule::NcclConfigured),
@@ -252,47 +302,57 @@ pub(crate) fn route_collective(
     }
     if let Err(peer_why) = facts.peer_kernels {
         return match facts.nccl {
-            Ok(()) if has_nccl => nccl(Rule::NoPeerKernels),
-            Ok(()) => Err(invalid(
-                c.name(),
-                format!("the peer kernels are not set up ({peer_why}) and NCCL has no all-gather-v"),
-            )),
+            Ok(()) => nccl(Rule::NoPeerKernels),
             Err(why) => Err(Error::NcclUnavailable {
                 reason: format!("the peer kernels are not set up ({peer_why}) and {why}"),
             }),
         };
-    }
-    let cap = capacity(c, config);
-    let mut threshold_ignored = false;
-    if requested == Algorithm::Auto && has_nccl {
-        if config.nccl_above_bytes.is_some_and(|l| bytes > l) {
-            match facts.nccl {
-                Ok(()) => return nccl(Rule::AboveNcclThreshold),
-                Err(_) => threshold_ignored = true,
-            }
-        }
-        if shape.workspace_bytes > cap && facts.nccl.is_ok() {
-            return nccl(Rule::AboveCapacity);
-        }
-    }
-    if shape.workspace_bytes > cap {
-        return Err(Error::ExceedsCapacity {
-            bytes: shape.workspace_bytes,
-            capacity: cap,
-        });
     }
     let rule = match (requested, config.algorithm) {
         (Algorithm::Auto, Algorithm::Auto) => Rule::Size,
         (Algorithm::Auto, _) => Rule::Configured,
         _ => Rule::AskedFor,
     };
-    Ok(Route {
-        target: Target::Kernel(c.kernel(), grid(shape, facts.limits)),
+    let mut threshold_ignored = false;
+    if requested == Algorithm::Auto && config.nccl_above_bytes.is_some_and(|l| bytes > l) {
+        match facts.nccl {
+            Ok(()) => return nccl(Rule::AboveNcclThreshold),
+            Err(_) => threshold_ignored = true,
+        }
+    }
+    let kernel_route = |kernel| Route {
+        target: Target::Kernel(kernel, grid(shape, kernel, facts.limits)),
         rule,
         bytes,
         dtype: DType::F32,
         threshold_ignored,
-    })
+    };
+    if let (Some(kernel), Some(slot)) = (low_latency, shape.ll_slot_bytes) {
+        let limit = config.low_latency_limit();
+        if chosen == Algorithm::LowLatency {
+            if slot > limit {
+                return Err(Error::ExceedsCapacity {
+                    bytes: slot,
+                    capacity: limit,
+                });
+            }
+            return Ok(kernel_route(kernel));
+        }
+        if rule == Rule::Size && slot <= low_latency_auto_max(shape, config, facts.world) {
+            return Ok(kernel_route(kernel));
+        }
+    }
+    let cap = capacity(c, config);
+    if shape.workspace_bytes > cap {
+        if requested == Algorithm::Auto && facts.nccl.is_ok() {
+            return nccl(Rule::AboveCapacity);
+        }
+        return Err(Error::ExceedsCapacity {
+            bytes: shape.workspace_bytes,
+            capacity: cap,
+        });
+    }
+    Ok(kernel_route(c.kernel()))
 }
 
 /// The decision in words.
@@ -305,6 +365,11 @@ pub(crate) fn explain_collective(
     let name = shape.collective.name();
     let cap = capacity(shape.collective, config);
     let ws = shape.workspace_bytes;
+    let slot = shape.ll_slot_bytes.unwrap_or(0);
+    let kernel = match route.algorithm() {
+        Algorithm::LowLatency => "low-latency",
+        _ => "one-shot",
+    };
     let mut reason = match route.rule {
         Rule::NcclAskedFor => format!("Algorithm::Nccl was asked for: nccl {name}"),
         Rule::NcclConfigured => format!("Config::algorithm is Nccl: nccl {name}"),
@@ -320,14 +385,21 @@ pub(crate) fn explain_collective(
         Rule::AboveCapacity => {
             format!("{ws} bytes to copy in exceed the {name} workspace ({cap} bytes): nccl {name}")
         }
+        _ if route.algorithm() == Algorithm::LowLatency && route.rule == Rule::Size => format!(
+            "low-latency {name} kernel: {slot} bytes of lines per peer <= low-latency limit ({})",
+            low_latency_auto_max(shape, config, facts.world)
+        ),
         Rule::Size | Rule::Symmetric | Rule::Multimem | Rule::Pool | Rule::PoolInput => {
             format!("one-shot {name} kernel: {ws} bytes to copy in <= workspace ({cap} bytes)")
+        }
+        Rule::Configured if route.algorithm() == Algorithm::LowLatency => {
+            format!("Config::algorithm is low_latency: the low-latency {name} kernel")
         }
         Rule::Configured => format!(
             "Config::algorithm is {}, which {name} does not have: its one-shot kernel",
             config.algorithm
         ),
-        Rule::AskedFor => format!("one_shot was asked for: the one-shot {name} kernel"),
+        Rule::AskedFor => format!("{} was asked for: the {kernel} {name} kernel", route.algorithm()),
     };
     if route.threshold_ignored {
         reason += &format!(
@@ -425,11 +497,14 @@ mod tests {
 
     #[test]
     fn reduce_scatter_shapes_are_validated_and_slices_padded() {
-        let s = validate_reduce_scatter(2, 3 * 9, 9, 3).unwrap();
+        let s = validate_reduce_scatter(DType::F16, 3 * 9, 9, 3).unwrap();
         // 18-byte slices pad to 32 bytes each in the workspace.
         assert_eq!((s.bytes, s.workspace_bytes, s.packs), (54, 96, 1));
-        assert!(matches!(validate_reduce_scatter(2, 0, 0, 3), Err(Error::Empty)));
-        let e = validate_reduce_scatter(4, 10, 4, 2).unwrap_err();
+        assert!(matches!(
+            validate_reduce_scatter(DType::F16, 0, 0, 3),
+            Err(Error::Empty)
+        ));
+        let e = validate_reduce_scatter(DType::F32, 10, 4, 2).unwrap_err();
         assert!(e.to_string().contains("world size (2) × output (4)"), "{e}");
     }
 
@@ -442,8 +517,11 @@ mod tests {
         };
         let both = facts(Ok(()), Ok(()));
         let ag = |len| validate_all_gather(1, len, len * 4, 4).unwrap();
-        let r = route_collective(&ag(1000), &c, Algorithm::Auto, both).unwrap();
-        assert!(matches!(r.target, Target::Kernel(Kernel::AllGather, p) if p.blocks == 1));
+        // 16 KiB chunks are 32 KiB of lines per peer: the low-latency limit; one more is one-shot.
+        let r = route_collective(&ag(16 << 10), &c, Algorithm::Auto, both).unwrap();
+        assert!(matches!(r.target, Target::Kernel(Kernel::AllGatherLowLatency, p) if p.blocks == 4));
+        let r = route_collective(&ag((16 << 10) + 1), &c, Algorithm::Auto, both).unwrap();
+        assert!(matches!(r.target, Target::Kernel(Kernel::AllGather, p) if p.blocks == 2));
         // Gathered output above the threshold: NCCL.
         let r = route_collective(&ag(100 << 10), &c, Algorithm::Auto, both).unwrap();
         assert_eq!(r.target, Target::Nccl);
@@ -474,8 +552,8 @@ mod tests {
             route_collective(&ag(8), &c, Algorithm::Nccl, kernels_only),
             Err(Error::NcclUnavailable { .. })
         ));
-        // Only the one-shot kernel exists.
-        for a in [Algorithm::TwoShot, Algorithm::LowLatency] {
+        // There is no two-shot or multimem all-gather.
+        for a in [Algorithm::TwoShot, Algorithm::Multimem] {
             assert!(matches!(
                 route_collective(&ag(8), &c, a, both),
                 Err(Error::InvalidCollective { .. })
@@ -503,10 +581,14 @@ mod tests {
     fn reduce_scatter_routes_on_the_padded_input() {
         let c = Config {
             capacity_bytes: 64 << 10,
+            low_latency_max_bytes: 4 << 10,
             ..Config::default()
         };
         let both = facts(Ok(()), Ok(()));
-        let rs = |len| validate_reduce_scatter(4, len * 4, len, 4).unwrap();
+        let rs = |len| validate_reduce_scatter(DType::F32, len * 4, len, 4).unwrap();
+        // Up to 4 KiB slices: the low-latency kernel, one thread per 16-byte line.
+        let r = route_collective(&rs(1024), &c, Algorithm::Auto, both).unwrap();
+        assert!(matches!(r.target, Target::Kernel(Kernel::ReduceScatterLowLatency, p) if p.blocks == 1));
         let r = route_collective(&rs(4096), &c, Algorithm::Auto, both).unwrap();
         assert!(matches!(r.target, Target::Kernel(Kernel::ReduceScatter, p) if p.blocks == 2));
         let p = explain_collective(&rs(4096), &r, &c, both);
@@ -525,7 +607,7 @@ mod tests {
     }
 
     #[test]
-    fn all_gather_v_has_no_nccl_path_and_a_fixed_grid() {
+    fn all_gather_v_takes_nccl_where_all_gather_does_and_keeps_a_fixed_grid() {
         let c = Config {
             capacity_bytes: 1 << 20,
             nccl_above_bytes: Some(1024),
@@ -533,30 +615,186 @@ mod tests {
         };
         let both = facts(Ok(()), Ok(()));
         let v = validate_all_gather_v(1, &[5, 7, 0, 9], 0, 5, 21, 4).unwrap();
-        // Small, above the threshold: still the kernel, with the whole one-shot grid.
+        // Small: the one-shot kernel (never low-latency), with the whole one-shot grid.
         let r = route_collective(&v, &c, Algorithm::Auto, both).unwrap();
         assert!(matches!(r.target, Target::Kernel(Kernel::AllGather, p) if p.blocks == 24));
-        let e = route_collective(&v, &c, Algorithm::Nccl, both).unwrap_err();
-        assert!(e.to_string().contains("NCCL has no all-gather-v"), "{e}");
+        let e = route_collective(&v, &c, Algorithm::LowLatency, both).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidCollective { .. }) && e.to_string().contains("no low_latency kernel"),
+            "{e}"
+        );
+        // Asked for, configured, above the threshold, above the workspace, no peer kernels: NCCL.
         let nccl_cfg = Config {
             algorithm: Algorithm::Nccl,
             ..c.clone()
         };
-        assert!(matches!(
-            route_collective(&v, &nccl_cfg, Algorithm::Auto, both)
-                .unwrap()
-                .target,
-            Target::Kernel(Kernel::AllGather, _)
-        ));
+        let above = validate_all_gather_v(1, &[500, 700, 0, 9], 0, 500, 1209, 4).unwrap();
         let big = validate_all_gather_v(1, &[1 << 20, 0, 0, 0], 0, 1 << 20, 1 << 20, 4).unwrap();
+        for (shape, config, algo, facts, rule) in [
+            (v, &c, Algorithm::Nccl, both, Rule::NcclAskedFor),
+            (v, &nccl_cfg, Algorithm::Auto, both, Rule::NcclConfigured),
+            (above, &c, Algorithm::Auto, both, Rule::AboveNcclThreshold),
+            (
+                v,
+                &c,
+                Algorithm::Auto,
+                facts(Err("no P2P"), Ok(())),
+                Rule::NoPeerKernels,
+            ),
+        ] {
+            let r = route_collective(&shape, config, algo, facts).unwrap();
+            assert_eq!((r.target, r.rule), (Target::Nccl, rule));
+        }
+        let no_threshold = Config {
+            nccl_above_bytes: None,
+            ..c.clone()
+        };
+        let r = route_collective(&big, &no_threshold, Algorithm::Auto, both).unwrap();
+        assert_eq!((r.target, r.rule), (Target::Nccl, Rule::AboveCapacity));
+        assert!(explain_collective(&big, &r, &no_threshold, both)
+            .reason
+            .contains("exceed the all_gather_v workspace"));
+        // Without a fallback: refused above the workspace, typed.
+        let kernels_only = facts(Ok(()), Err("created without NCCL"));
         assert!(matches!(
-            route_collective(&big, &c, Algorithm::Auto, both),
+            route_collective(&big, &c, Algorithm::Auto, kernels_only),
             Err(Error::ExceedsCapacity { .. })
         ));
         assert!(matches!(
-            route_collective(&v, &c, Algorithm::Auto, facts(Err("no P2P"), Ok(()))),
-            Err(Error::InvalidCollective { .. })
+            route_collective(&big, &c, Algorithm::OneShot, both),
+            Err(Error::ExceedsCapacity { .. })
         ));
+        assert!(matches!(
+            route_collective(&v, &c, Algorithm::Auto, facts(Err("no P2P"), Err("no NCCL"))),
+            Err(Error::NcclUnavailable { .. })
+        ));
+    }
+
+    #[test]
+    fn low_latency_slots_are_sized_for_each_collective() {
+        // All-gather: 8 payload bytes per 16-byte line, any byte length.
+        for (chunk, slot) in [
+            (1usize, 16usize),
+            (8, 16),
+            (9, 32),
+            (13, 32),
+            (16 << 10, 32 << 10),
+        ] {
+            let s = validate_all_gather(1, chunk, chunk * 3, 3).unwrap();
+            assert_eq!(s.ll_slot_bytes, Some(slot), "chunk {chunk}");
+        }
+        // Reduce-scatter: the slice rounded up to 16-byte lines; all-gather-v: none.
+        let s = validate_reduce_scatter(DType::BF16, 9 * 4, 9, 4).unwrap();
+        assert_eq!((s.ll_slot_bytes, s.dtype), (Some(32), Some(DType::BF16)));
+        let s = validate_all_gather_v(1, &[3, 4], 0, 3, 7, 2).unwrap();
+        assert_eq!(s.ll_slot_bytes, None);
+    }
+
+    #[test]
+    fn low_latency_is_chosen_by_size_forced_or_configured_and_bounded_by_the_slots() {
+        let c = Config {
+            capacity_bytes: 1 << 20,
+            low_latency_max_bytes: 8 << 10,
+            ..Config::default()
+        };
+        let both = facts(Ok(()), Ok(()));
+        let ag = |len| validate_all_gather(1, len, len * 4, 4).unwrap();
+        let rs = |len| validate_reduce_scatter(DType::F16, len * 4, len, 4).unwrap();
+        // Auto: up to 8 KiB of lines per peer (4 KiB chunks; 4096 f16 slices).
+        let kernel_of = |s: &CollShape, a| match route_collective(s, &c, a, both).unwrap().target {
+            Target::Kernel(k, _) => Some(k),
+            Target::Nccl => None,
+        };
+        assert_eq!(
+            kernel_of(&ag(4096), Algorithm::Auto),
+            Some(Kernel::AllGatherLowLatency)
+        );
+        assert_eq!(kernel_of(&ag(4097), Algorithm::Auto), Some(Kernel::AllGather));
+        assert_eq!(
+            kernel_of(&rs(4096), Algorithm::Auto),
+            Some(Kernel::ReduceScatterLowLatency)
+        );
+        assert_eq!(kernel_of(&rs(4097), Algorithm::Auto), Some(Kernel::ReduceScatter));
+        // Forced either way within the slots (the slots hold low_latency_limit bytes).
+        assert_eq!(kernel_of(&ag(8), Algorithm::OneShot), Some(Kernel::AllGather));
+        assert_eq!(kernel_of(&rs(8), Algorithm::OneShot), Some(Kernel::ReduceScatter));
+        assert_eq!(
+            kernel_of(&ag(4096), Algorithm::LowLatency),
+            Some(Kernel::AllGatherLowLatency)
+        );
+        let e = route_collective(&ag(4097), &c, Algorithm::LowLatency, both).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::ExceedsCapacity {
+                    bytes: 8208,
+                    capacity: 8192
+                }
+            ),
+            "{e}"
+        );
+        assert!(matches!(
+            route_collective(&rs(4097), &c, Algorithm::LowLatency, both),
+            Err(Error::ExceedsCapacity { .. })
+        ));
+        // Configured: low-latency where it fits, refused beyond (as the all-reduce).
+        let ll = Config {
+            algorithm: Algorithm::LowLatency,
+            ..c.clone()
+        };
+        let r = route_collective(&rs(100), &ll, Algorithm::Auto, both).unwrap();
+        assert!(matches!(
+            r.target,
+            Target::Kernel(Kernel::ReduceScatterLowLatency, _)
+        ));
+        let p = explain_collective(&rs(100), &r, &ll, both);
+        assert!(p.reason.contains("Config::algorithm is low_latency"), "{p}");
+        assert!(route_collective(&rs(5000), &ll, Algorithm::Auto, both).is_err());
+        // Off when low_latency_max_bytes is 0 (forced still works while the slots hold it).
+        let off = Config {
+            low_latency_max_bytes: 0,
+            ..c.clone()
+        };
+        let r = route_collective(&ag(1), &off, Algorithm::Auto, both).unwrap();
+        assert!(matches!(r.target, Target::Kernel(Kernel::AllGather, _)));
+        // The path says which kernel and why; the grid is one thread per line.
+        let r = route_collective(&ag(4096), &c, Algorithm::Auto, both).unwrap();
+        let p = explain_collective(&ag(4096), &r, &c, both);
+        assert_eq!(p.algorithm, Algorithm::LowLatency);
+        assert_eq!(p.plan.map(|p| p.blocks), Some(1));
+        assert!(
+            p.to_string().starts_with(
+                "low_latency (1 blocks): low-latency all_gather kernel: 8192 bytes of lines per peer"
+            ),
+            "{p}"
+        );
+        let r = route_collective(&rs(4096), &c, Algorithm::LowLatency, both).unwrap();
+        let p = explain_collective(&rs(4096), &r, &c, both);
+        assert!(
+            p.reason
+                .contains("low_latency was asked for: the low-latency reduce_scatter"),
+            "{p}"
+        );
+        // The reduce-scatter follows a tuning table's per-dtype threshold.
+        let mut entries = Vec::new();
+        for dtype in DType::ALL {
+            entries.push(crate::config::Crossovers {
+                dtype,
+                world: 4,
+                low_latency_max_bytes: if dtype == DType::F16 { 2048 } else { 16 << 10 },
+                one_shot_max_bytes: 200_000,
+                two_shot_max_bytes: None,
+            });
+        }
+        let table = crate::config::TuningTable::new(crate::config::Measured::default(), entries).unwrap();
+        let tuned = c.clone().with_tuning(table);
+        let r = route_collective(&rs(1024), &tuned, Algorithm::Auto, both).unwrap();
+        assert!(matches!(
+            r.target,
+            Target::Kernel(Kernel::ReduceScatterLowLatency, _)
+        ));
+        let r = route_collective(&rs(1025), &tuned, Algorithm::Auto, both).unwrap();
+        assert!(matches!(r.target, Target::Kernel(Kernel::ReduceScatter, _)));
     }
 
     #[test]
@@ -566,7 +804,9 @@ mod tests {
         let shapes = [
             validate_all_gather(2, 1000, 4000, 4).unwrap(),
             validate_all_gather_v(1, &[1, 2, 3, 4], 0, 1, 10, 4).unwrap(),
-            validate_reduce_scatter(4, 4000, 1000, 4).unwrap(),
+            validate_reduce_scatter(DType::F32, 4000, 1000, 4).unwrap(),
+            validate_all_gather(1, 100 << 10, 400 << 10, 4).unwrap(),
+            validate_reduce_scatter(DType::BF16, 4 << 20, 1 << 20, 4).unwrap(),
         ];
         let before = super::super::route::allocations_for_tests();
         let mut sink = 0;

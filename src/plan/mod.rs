@@ -30,7 +30,9 @@ pub(crate) const fn algorithm_of(kernel: Kernel) -> Algorithm {
         | Kernel::FusedOneShot
         | Kernel::RmsNorm => Algorithm::OneShot,
         Kernel::TwoShot | Kernel::InPlace | Kernel::FusedTwoShot | Kernel::PoolTwoShot => Algorithm::TwoShot,
-        Kernel::LowLatency => Algorithm::LowLatency,
+        Kernel::LowLatency | Kernel::AllGatherLowLatency | Kernel::ReduceScatterLowLatency => {
+            Algorithm::LowLatency
+        }
         Kernel::InPlaceMultimem => Algorithm::Multimem,
     }
 }
