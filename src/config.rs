@@ -404,7 +404,10 @@ impl Config {
         s.pop();
         s += &format!("\n  fused all-reduce + residual + RMSNorm, Auto at W={world}:");
         for dtype in DType::ALL {
-            let fused = self.tuning.as_ref().map_or(&[][..], |t| t.fused_for(dtype, world));
+            let fused = self
+                .tuning
+                .as_ref()
+                .map_or(&[][..], |t| t.fused_for(dtype, world));
             if fused.is_empty() || self.one_shot_max_bytes.is_some() {
                 let why = match (&self.tuning, fused.is_empty()) {
                     (_, false) => "one_shot_max_bytes wins over the table",
@@ -814,8 +817,13 @@ mod tests {
             hidden,
             one_shot_max_tokens,
         };
-        let with_fused = t.clone().with_fused(vec![fused(8192, 16), fused(4096, 48)]).unwrap();
-        let s = Config::default().with_tuning(with_fused.clone()).tuning_summary(8);
+        let with_fused = t
+            .clone()
+            .with_fused(vec![fused(8192, 16), fused(4096, 48)])
+            .unwrap();
+        let s = Config::default()
+            .with_tuning(with_fused.clone())
+            .tuning_summary(8);
         assert!(
             s.contains("bf16 one-shot <= 48 tokens at hidden 4096, 16 tokens at hidden 8192 (table; other hidden sizes: the nearest)"),
             "{s}"

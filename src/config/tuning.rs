@@ -466,7 +466,9 @@ impl FileFused {
         let at = format!("fused[{i}]");
         let (dtype, world) = dtype_and_world(self.dtype, self.world, &at)?;
         let hidden = self.hidden.ok_or_else(|| missing(format!("{at}.hidden")))?;
-        let max = self.max_tokens.ok_or_else(|| missing(format!("{at}.max_tokens")))?;
+        let max = self
+            .max_tokens
+            .ok_or_else(|| missing(format!("{at}.max_tokens")))?;
         if let Some(name) = max.keys().find(|k| !FUSED_ALGORITHMS.contains(&k.as_str())) {
             return Err(TuningProblem::UnknownFusedAlgorithm {
                 at: format!("{at}.max_tokens.{name}"),
@@ -752,18 +754,15 @@ impl TuningTable {
     pub fn fused(&self, dtype: DType, world: usize, hidden: usize) -> Option<FusedCrossovers> {
         // (a, b) is nearer than (c, d) when a/b < c/d; sorted ascending, `<=` lets the
         // larger of two equally near sizes win.
-        self.fused_for(dtype, world)
-            .iter()
-            .copied()
-            .reduce(|best, f| {
-                let (a, b) = f.distance(hidden);
-                let (c, d) = best.distance(hidden);
-                if a as u128 * d as u128 <= c as u128 * b as u128 {
-                    f
-                } else {
-                    best
-                }
-            })
+        self.fused_for(dtype, world).iter().copied().reduce(|best, f| {
+            let (a, b) = f.distance(hidden);
+            let (c, d) = best.distance(hidden);
+            if a as u128 * d as u128 <= c as u128 * b as u128 {
+                f
+            } else {
+                best
+            }
+        })
     }
 
     /// Where and when it was measured.
@@ -869,7 +868,10 @@ mod tests {
     #[test]
     fn the_fused_entry_of_the_nearest_measured_hidden_size_applies() {
         let t = TuningTable::from_json(GOOD).unwrap();
-        let tokens = |hidden| t.fused(DType::BF16, 8, hidden).map(|f| (f.hidden, f.one_shot_max_tokens));
+        let tokens = |hidden| {
+            t.fused(DType::BF16, 8, hidden)
+                .map(|f| (f.hidden, f.one_shot_max_tokens))
+        };
         assert_eq!(tokens(8192), Some((8192, 16)));
         assert_eq!(tokens(4096), Some((4096, 48)));
         // 5120: 5120/4096 = 1.25 < 8192/5120 = 1.6; 6144: 1.5 > 1.33.
@@ -930,10 +932,7 @@ mod tests {
     #[test]
     fn bad_fused_entries_are_refused_with_typed_errors() {
         for name in ["low_latency", "two_shot", "nccl", "auto", "oneshot"] {
-            let text = GOOD.replace(
-                "\"one_shot\": 48",
-                &format!("\"one_shot\": 48, \"{name}\": 5"),
-            );
+            let text = GOOD.replace("\"one_shot\": 48", &format!("\"one_shot\": 48, \"{name}\": 5"));
             assert_eq!(
                 problem(&text),
                 TuningProblem::UnknownFusedAlgorithm {
@@ -945,10 +944,18 @@ mod tests {
         let e = TuningTable::from_json(&GOOD.replace("{\"one_shot\": 16}", "{\"two_shot\": 16}"))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("\"two_shot\"") && e.contains("max_tokens takes one_shot"), "{e}");
+        assert!(
+            e.contains("\"two_shot\"") && e.contains("max_tokens takes one_shot"),
+            "{e}"
+        );
         // Hidden sizes the fused call does not take: 0, above 16384, not a whole number of
         // 16-byte packs (bf16: 8 elements); f32 packs hold 4, so 7164 is one there.
-        for (from, to) in [("8192", "0"), ("8192", "16392"), ("8192", "8196"), ("7168", "7166")] {
+        for (from, to) in [
+            ("8192", "0"),
+            ("8192", "16392"),
+            ("8192", "8196"),
+            ("7168", "7166"),
+        ] {
             let text = GOOD.replace(&format!("\"hidden\": {from}"), &format!("\"hidden\": {to}"));
             assert!(
                 matches!(problem(&text), TuningProblem::BadHidden { hidden, .. } if hidden.to_string() == to),
@@ -1082,10 +1089,7 @@ mod tests {
                 .replace("\"crossovers\"", "\"other\"");
             assert_eq!(
                 problem(&other),
-                TuningProblem::WrongVersion {
-                    found,
-                    supported: 2
-                }
+                TuningProblem::WrongVersion { found, supported: 2 }
             );
             let e = TuningTable::from_json(&other).unwrap_err().to_string();
             assert!(e.contains("symm-bench --tune"), "{e}");

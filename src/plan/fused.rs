@@ -194,7 +194,14 @@ pub(crate) fn explain_fused(
     facts: PathFacts<'_>,
 ) -> PathDecision {
     let mut d = explain(route, requested, config, facts);
-    if let (Rule::Size, true, FusedLimit::Tokens { max, hidden: measured }) = (
+    if let (
+        Rule::Size,
+        true,
+        FusedLimit::Tokens {
+            max,
+            hidden: measured,
+        },
+    ) = (
         route.rule,
         facts.world > 1,
         config.fused_limit(route.dtype, facts.world, hidden),
@@ -395,7 +402,10 @@ mod tests {
     }
 
     fn auto(tokens: usize, hidden: usize, dtype: DType, c: &Config, world: usize) -> Kernel {
-        match route_fused(tokens, hidden, dtype, c, Algorithm::Auto, facts(world, Ok(()))).unwrap().target {
+        match route_fused(tokens, hidden, dtype, c, Algorithm::Auto, facts(world, Ok(())))
+            .unwrap()
+            .target
+        {
             Target::Kernel(k, _) => k,
             Target::Nccl => panic!("{tokens}x{hidden}: NCCL"),
         }
@@ -447,7 +457,9 @@ mod tests {
             "fused all-reduce + residual + RMSNorm, one-shot: 32 tokens <= fused one-shot limit \
              (64 tokens, from the tuning table's entry for hidden 8192)"
         );
-        assert!(why(65, 8192, &tuned).ends_with("65 tokens > fused one-shot limit (64 tokens, from the tuning table's entry for hidden 8192)"));
+        assert!(why(65, 8192, &tuned).ends_with(
+            "65 tokens > fused one-shot limit (64 tokens, from the tuning table's entry for hidden 8192)"
+        ));
         assert!(why(32, 8192, &published).ends_with("524288 bytes > one-shot limit (262144)"));
         assert!(why(2, 8192, &explicit).contains("bytes > one-shot limit (16384)"));
     }

@@ -13,18 +13,21 @@
 //! than once where grid sizes step (one algorithm gains a block at 6 KiB, the other at
 //! 12 KiB): a first-crossing rule would follow the first step, this one follows the sweep.
 //!
-//! Extension point (issue 14, item 1): the fused all-reduce + residual + RMSNorm call is not
-//! in the library yet; when it is, time it per algorithm here beside the plain all-reduce and
-//! write its crossovers into the table's next format version. Nothing here measures it now.
+//! The fused all-reduce + residual + RMSNorm call is timed beside it, per world and dtype: the
+//! fused one-shot and two-shot at each hidden size of [`FUSED_HIDDEN`] and each token count of
+//! [`fused_tokens`], every row verified bit for bit against the unfused pair first, with the
+//! same graph timing. Its crossover per (dtype, world, hidden) is the largest token count the
+//! fused one-shot keeps, by the same least-summed-slowdown rule ([`fused_crossover`]); it goes
+//! into the table's `fused` section.
 
 use std::path::Path;
 use std::process::ExitCode;
 
 use indicatif::ProgressBar;
-use symm_allreduce::{Config, Crossovers, DType, Measured, TuningTable};
+use symm_allreduce::{Config, Crossovers, DType, FusedCrossovers, Measured, TuningTable};
 
 use crate::args::{format_size, AlgoChoice, Args, Mode, RunPlan, SizeSpec, ONE_SHOT_SWEEP_MAX};
-use crate::bench::{self, Bench, Placement};
+use crate::bench::{self, Bench, Placement, FUSED_ALGOS};
 use crate::report::{self, Meta, Row};
 use crate::{timing, Stop};
 
@@ -59,6 +62,17 @@ fn sizes_between(lo: usize, hi: usize) -> Vec<usize> {
         }
         p *= 2;
     }
+    v
+}
+
+/// The hidden sizes the fused call is tuned at (Llama 3 8B and Mixtral 4096, DeepSeek-V3
+/// 7168, Llama 3 70B 8192); the library applies the nearest one to other sizes.
+pub const FUSED_HIDDEN: [usize; 3] = [4096, 7168, 8192];
+
+/// The fused call's token counts: 1, 2, 3, 4, 6, 8, ... 384, 512 (two per octave).
+pub fn fused_tokens() -> Vec<usize> {
+    let mut v = vec![1];
+    v.extend(sizes_between(2, 512));
     v
 }
 
@@ -137,9 +151,6 @@ fn min_of(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     }
 }
 
-/// [`Found`] for one (dtype, world).
-pub type FoundFor = (DType, usize, Found);
-
 /// What [`crossovers`] found for one (dtype, world).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Found {
@@ -210,14 +221,13 @@ pub fn crossovers(points: &[Point], noise: f64) -> Option<Found> {
     })
 }
 
-/// The points of one (dtype, world) from graph_amortised rows, sorted by size.
+/// The points of one (dtype, world) from graph_amortised all-reduce rows, sorted by size.
 pub fn points(rows: &[Row], dtype: DType, world: usize) -> Vec<Point> {
     let mut pts: Vec<Point> = Vec::new();
     // NCCL rows count only where NCCL ran all W ranks (not NCCL on one GPU, world 1).
-    for r in rows
-        .iter()
-        .filter(|r| r.dtype == dtype.name() && r.mode == Mode::GraphAmortised && r.world == world)
-    {
+    for r in rows.iter().filter(|r| {
+        r.dtype == dtype.name() && r.mode == Mode::GraphAmortised && r.world == world && r.hidden.is_none()
+    }) {
         let i = match pts.iter().position(|p| p.size == r.size_bytes) {
             Some(i) => i,
             None => {
@@ -241,16 +251,73 @@ pub fn points(rows: &[Row], dtype: DType, world: usize) -> Vec<Point> {
     pts
 }
 
-/// The table from measured rows (one entry per (dtype, world) that has points), with the
-/// notes on what could not be decided.
+/// Whether `r` is a graph_amortised fused row of (dtype, world).
+fn is_fused_row(r: &Row, dtype: DType, world: usize) -> bool {
+    r.hidden.is_some() && r.dtype == dtype.name() && r.mode == Mode::GraphAmortised && r.world == world
+}
+
+/// The hidden sizes the fused rows of (dtype, world) were measured at, ascending.
+pub fn fused_hidden_sizes(rows: &[Row], dtype: DType, world: usize) -> Vec<usize> {
+    let mut v: Vec<usize> = rows
+        .iter()
+        .filter(|r| is_fused_row(r, dtype, world))
+        .filter_map(|r| r.hidden)
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// The fused call's medians at one (dtype, world, hidden): `(tokens, one-shot µs, two-shot
+/// µs)` at every token count where both ran, ascending.
+pub fn fused_points(rows: &[Row], dtype: DType, world: usize, hidden: usize) -> Vec<(usize, f64, f64)> {
+    let [(_, one_shot), (_, two_shot)] = FUSED_ALGOS;
+    let here: Vec<&Row> = rows
+        .iter()
+        .filter(|r| is_fused_row(r, dtype, world) && r.hidden == Some(hidden))
+        .collect();
+    let time = |algo: &str, count: usize| {
+        here.iter()
+            .find(|r| r.algo == algo && r.count == count)
+            .map(|r| r.time_us)
+    };
+    let mut counts: Vec<usize> = here.iter().map(|r| r.count).collect();
+    counts.sort_unstable();
+    counts.dedup();
+    counts
+        .into_iter()
+        .filter_map(|c| Some((c / hidden, time(one_shot, c)?, time(two_shot, c)?)))
+        .collect()
+}
+
+/// The largest token count the fused one-shot keeps (two-shot above), from
+/// [`fused_points`], with a note where the one-shot won throughout; `None` without points.
+pub fn fused_crossover(points: &[(usize, f64, f64)], noise: f64) -> Option<(usize, Option<String>)> {
+    match best_split(points, noise) {
+        Split::Unmeasured => None,
+        Split::Never => Some((0, None)),
+        Split::At(t) => Some((t, None)),
+        Split::Throughout(t) => Some((
+            t,
+            Some(format!(
+                "the fused one-shot won up to the largest token count measured ({t}); two-shot assumed above"
+            )),
+        )),
+    }
+}
+
+/// The table from measured rows (one entry per (dtype, world) that has points, one fused
+/// entry per (dtype, world, hidden) that has fused points), with the notes on what could not
+/// be decided.
 pub fn table_from_rows(
     rows: &[Row],
     dtypes: &[DType],
     worlds: &[usize],
     measured: Measured,
-) -> Result<(TuningTable, Vec<FoundFor>), symm_allreduce::Error> {
+) -> Result<(TuningTable, Vec<String>), symm_allreduce::Error> {
     let mut entries = Vec::new();
-    let mut found = Vec::new();
+    let mut fused = Vec::new();
+    let mut notes = Vec::new();
     for &dtype in dtypes {
         for &world in worlds {
             if let Some(f) = crossovers(&points(rows, dtype, world), NOISE) {
@@ -261,15 +328,28 @@ pub fn table_from_rows(
                     one_shot_max_bytes: f.one_shot_max,
                     two_shot_max_bytes: f.two_shot_max,
                 });
-                found.push((dtype, world, f));
+                notes.extend(f.notes.iter().map(|n| format!("{dtype} W={world}: {n}")));
+            }
+            for hidden in fused_hidden_sizes(rows, dtype, world) {
+                let points = fused_points(rows, dtype, world, hidden);
+                if let Some((one_shot_max_tokens, note)) = fused_crossover(&points, NOISE) {
+                    fused.push(FusedCrossovers {
+                        dtype,
+                        world,
+                        hidden,
+                        one_shot_max_tokens,
+                    });
+                    notes.extend(note.map(|n| format!("{dtype} W={world} hidden {hidden}: {n}")));
+                }
             }
         }
     }
-    Ok((TuningTable::new(measured, entries)?, found))
+    let table = TuningTable::new(measured, entries)?.with_fused(fused)?;
+    Ok((table, notes))
 }
 
 /// The summary printed at the end (and pasted into the README).
-pub fn summary(table: &TuningTable, found: &[FoundFor]) -> String {
+pub fn summary(table: &TuningTable, notes: &[String]) -> String {
     let m = table.measured();
     let mut s = format!(
         "# Measured crossovers: {} (driver {}, {} ranks), {}; graph_amortised medians, least summed slowdown, {:.0}% noise band\n",
@@ -297,9 +377,48 @@ pub fn summary(table: &TuningTable, found: &[FoundFor]) -> String {
         );
     }
     s += "# two_shot<= '-': two-shot up to the capacity (NCCL not measured, or never faster)\n";
-    for (dtype, world, f) in found {
-        for n in &f.notes {
-            s += &format!("# note: {dtype} W={world}: {n}\n");
+    if !table.fused_entries().is_empty() {
+        s += "# Fused all-reduce + residual + RMSNorm: the largest token count of the fused one-shot (two-shot above)\n";
+        s += &format!(
+            "# {:<5} {:>5} {:>6}  {:>10}   | published: {:>10}\n",
+            "dtype", "world", "hidden", "one_shot<=", "one_shot<="
+        );
+        for f in table.fused_entries() {
+            let published = published.one_shot_limit(f.dtype, f.world) / (f.hidden * f.dtype.size());
+            s += &format!(
+                "  {:<5} {:>5} {:>6}  {:>10}   | {:>21}\n",
+                f.dtype.name(),
+                f.world,
+                f.hidden,
+                f.one_shot_max_tokens,
+                published
+            );
+        }
+        s += "# (tokens; published: the all-reduce's one-shot limit in bytes, as tokens at that hidden size)\n";
+    }
+    for n in notes {
+        s += &format!("# note: {n}\n");
+    }
+    s
+}
+
+/// The fused rows' medians (µs), one-shot over two-shot, per (dtype, world, hidden) and token
+/// count: what the fused crossovers were read from.
+pub fn fused_times(rows: &[Row], dtypes: &[DType], worlds: &[usize]) -> String {
+    let mut s = String::new();
+    for &dtype in dtypes {
+        for &world in worlds {
+            for hidden in fused_hidden_sizes(rows, dtype, world) {
+                let points = fused_points(rows, dtype, world, hidden);
+                if s.is_empty() {
+                    s += "# Fused call, graph_amortised medians in µs: one-shot / two-shot at each token count\n";
+                }
+                s += &format!("  {dtype} W={world} hidden {hidden}:");
+                for (t, one, two) in points {
+                    s += &format!(" {t}: {one:.1}/{two:.1}");
+                }
+                s += "\n";
+            }
         }
     }
     s
@@ -352,8 +471,8 @@ pub fn rfc3339(secs: u64) -> String {
 }
 
 /// Builds the table from the rows so far and writes it to `out` (after every world, so that
-/// a run cut short keeps what it measured). Returns the table, what was found, and the
-/// placement label.
+/// a run cut short keeps what it measured). Returns the table, the notes on what could not
+/// be decided, and the placement label.
 fn write_table(
     out: &Path,
     rows: &[Row],
@@ -361,7 +480,7 @@ fn write_table(
     placements: &[(usize, Placement)],
     sizes: &[usize],
     device_names: &[String],
-) -> Result<(TuningTable, Vec<FoundFor>, String), Stop> {
+) -> Result<(TuningTable, Vec<String>, String), Stop> {
     let worlds: Vec<usize> = placements.iter().map(|&(w, _)| w).collect();
     let virtual_worlds: Vec<String> = placements
         .iter()
@@ -379,6 +498,15 @@ fn write_table(
         format_size(sizes[0]),
         format_size(*sizes.last().unwrap_or(&0))
     );
+    if rows.iter().any(|r| r.hidden.is_some()) {
+        let tokens = fused_tokens();
+        note += &format!(
+            "; fused all-reduce + residual + RMSNorm: hidden {} x tokens {}..{} (where they fit the capacity)",
+            FUSED_HIDDEN.map(|h| h.to_string()).join(","),
+            tokens[0],
+            tokens[tokens.len() - 1]
+        );
+    }
     if !virtual_worlds.is_empty() {
         note += &format!(
             "; W={} ran as virtual ranks (all ranks on one GPU): those crossovers reflect one GPU's memory \
@@ -394,14 +522,14 @@ fn write_table(
         placement: placement.clone(),
         note,
     };
-    let (table, found) = table_from_rows(rows, dtypes, &worlds, measured)
+    let (table, notes) = table_from_rows(rows, dtypes, &worlds, measured)
         .map_err(|e| Stop::Failed(format!("the measured crossovers do not make a table: {e}")))?;
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Stop::Failed(format!("{}: {e}", dir.display())))?;
     }
     std::fs::write(out, table.to_json()).map_err(|e| Stop::Failed(format!("{}: {e}", out.display())))?;
 
-    Ok((table, found, placement))
+    Ok((table, notes, placement))
 }
 
 /// `--tune OUT`: measure, write the table and the raw rows, print the summary.
@@ -538,6 +666,24 @@ pub fn run(args: &Args, out: &Path) -> Result<ExitCode, Stop> {
                     break 'world;
                 }
             }
+            for hidden in FUSED_HIDDEN {
+                let tokens: Vec<usize> = fused_tokens()
+                    .into_iter()
+                    .filter(|t| t * hidden * dtype.size() <= capacity)
+                    .collect();
+                let (r, f) = (&mut rows, &mut failures);
+                let done = match dtype {
+                    DType::BF16 => bench.fused_rows::<half::bf16>(&plan, hidden, &tokens, r, f, &pb),
+                    DType::F16 => bench.fused_rows::<half::f16>(&plan, hidden, &tokens, r, f, &pb),
+                    DType::F32 => bench.fused_rows::<f32>(&plan, hidden, &tokens, r, f, &pb),
+                };
+                if let Err(e) = done {
+                    let msg = format!("W={world} {dtype} fused, hidden {hidden}: {e}; W={world} stops here");
+                    eprintln!("symm-bench: {msg}");
+                    failures.push(msg);
+                    break 'world;
+                }
+            }
             eprintln!(
                 "symm-bench --tune: W={world} {dtype}: {:.1} s",
                 started.elapsed().as_secs_f64()
@@ -551,7 +697,7 @@ pub fn run(args: &Args, out: &Path) -> Result<ExitCode, Stop> {
         }
     }
 
-    let (table, found, placement) = write_table(out, &rows, &dtypes, &placements, &sizes, &device_names)?;
+    let (table, notes, placement) = write_table(out, &rows, &dtypes, &placements, &sizes, &device_names)?;
     meta.placement = placement;
     meta.devices = device_names;
     meta.capacity_bytes = sizes.last().copied().unwrap_or(0);
@@ -560,7 +706,8 @@ pub fn run(args: &Args, out: &Path) -> Result<ExitCode, Stop> {
     if let Err(e) = report::write_files(&args.out, &meta, &rows) {
         eprintln!("symm-bench: cannot write results to {}: {e}", args.out.display());
     }
-    print!("{}", summary(&table, &found));
+    print!("{}", fused_times(&rows, &dtypes, &worlds));
+    print!("{}", summary(&table, &notes));
     for n in &meta.notes {
         println!("# note: {n}");
     }
@@ -612,6 +759,67 @@ mod tests {
             "two_shot" => 15.0 + k / 128.0,
             _ => 40.0 + k / 512.0,
         }
+    }
+
+    /// Synthetic fused curves over x = tokens · hidden / 8192: one-shot 5 µs + 0.5 µs per x,
+    /// two-shot 8 µs + 0.2 µs per x (equal at x = 10), every token count of the grid.
+    fn fused_rows_for(world: usize, hidden: usize) -> Vec<Row> {
+        let mut rows = Vec::new();
+        for t in fused_tokens() {
+            let x = (t * hidden) as f64 / 8192.0;
+            for (algo, us) in [
+                ("fused_one_shot", 5.0 + 0.5 * x),
+                ("fused_two_shot", 8.0 + 0.2 * x),
+            ] {
+                rows.push(Row {
+                    count: t * hidden,
+                    size_bytes: t * hidden * 2,
+                    hidden: Some(hidden),
+                    ..row(algo, world, t * hidden * 2, us)
+                });
+            }
+        }
+        rows
+    }
+
+    #[test]
+    fn fused_crossovers_follow_the_curves() {
+        assert_eq!(
+            fused_tokens(),
+            [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]
+        );
+        let mut rows = fused_rows_for(8, 8192);
+        rows.extend(fused_rows_for(8, 4096));
+        // The all-reduce's points ignore the fused rows, and the other way round.
+        assert!(points(&rows, DType::BF16, 8).is_empty());
+        assert!(fused_points(&rows_for(8, false, &|_| 1.0), DType::BF16, 8, 8192).is_empty());
+        assert_eq!(fused_hidden_sizes(&rows, DType::BF16, 8), [4096, 8192]);
+        assert!(fused_hidden_sizes(&rows, DType::BF16, 4).is_empty());
+        assert!(fused_hidden_sizes(&rows, DType::F16, 8).is_empty());
+        // x = 10: 8 tokens at 8192 (x = 8; 12 tokens is x = 12), 16 at 4096 (x = 8; 24 is 12).
+        let at = |hidden| fused_crossover(&fused_points(&rows, DType::BF16, 8, hidden), NOISE);
+        assert_eq!(at(8192), Some((8, None)));
+        assert_eq!(at(4096), Some((16, None)));
+        assert_eq!(at(7168), None);
+        // Eager rows are not read.
+        let eager: Vec<Row> = rows
+            .iter()
+            .map(|r| Row {
+                mode: Mode::Eager,
+                ..r.clone()
+            })
+            .collect();
+        assert!(fused_hidden_sizes(&eager, DType::BF16, 8).is_empty());
+        // One-shot throughout, or never.
+        let (t, note) = fused_crossover(&[(1, 5.0, 9.0), (2, 5.0, 9.0)], NOISE).unwrap();
+        assert_eq!(t, 2);
+        assert!(note.unwrap().contains("largest token count measured (2)"));
+        assert_eq!(fused_crossover(&[(1, 9.0, 5.0)], NOISE), Some((0, None)));
+        // A token count where only one algorithm ran is left out.
+        rows.retain(|r| !(r.count == 8192 * 3 && r.algo == "fused_two_shot"));
+        assert!(fused_points(&rows, DType::BF16, 8, 8192)
+            .iter()
+            .all(|&(t, ..)| t != 3));
     }
 
     fn rows_for(world: usize, nccl: bool, noise: &dyn Fn(usize) -> f64) -> Vec<Row> {
@@ -747,6 +955,8 @@ mod tests {
             r.dtype = "f32".into();
         }
         rows.extend(f32_rows);
+        rows.extend(fused_rows_for(8, 8192));
+        rows.extend(fused_rows_for(8, 4096));
         let measured = Measured {
             device: "NVIDIA H200".into(),
             driver: "580.95.05".into(),
@@ -755,11 +965,18 @@ mod tests {
             placement: "virtual".into(),
             note: "test".into(),
         };
-        let (table, found) =
+        let (table, notes) =
             table_from_rows(&rows, &[DType::BF16, DType::F32], &[2, 4, 8], measured).unwrap();
         // (bf16, 2), (bf16, 8), (f32, 8); nothing measured at W=4, f32 W=2.
         assert_eq!(table.entries().len(), 3);
-        assert_eq!(found.len(), 3);
+        assert!(notes.is_empty(), "{notes:?}");
+        // Fused: bf16 W=8 at hidden 4096 and 8192.
+        let fused: Vec<(usize, usize)> = table
+            .fused_entries()
+            .iter()
+            .map(|f| (f.hidden, f.one_shot_max_tokens))
+            .collect();
+        assert_eq!(fused, [(4096, 16), (8192, 8)]);
         let bf16_8 = table.get(DType::BF16, 8).unwrap();
         assert_eq!(bf16_8.two_shot_max_bytes, Some(4 * MIB));
         assert_eq!(table.get(DType::BF16, 4), None);
@@ -777,8 +994,29 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         assert_eq!(config.one_shot_limit(DType::BF16, 8), 192 * KIB);
         assert_eq!(config.one_shot_limit(DType::BF16, 4), 512 * KIB);
+        assert_eq!(
+            config.tuning.unwrap().fused(DType::BF16, 8, 7168).unwrap().hidden,
+            8192
+        );
 
-        let s = summary(&table, &found);
+        let s = summary(&table, &notes);
+        // Published at W=8: 256 KiB, 16 tokens of 8192 bf16, 32 of 4096.
+        for line in [
+            ["bf16", "8", "8192", "8", "|", "16"],
+            ["bf16", "8", "4096", "16", "|", "32"],
+        ] {
+            assert!(
+                s.lines()
+                    .any(|l| l.split_whitespace().collect::<Vec<_>>() == line),
+                "{s}"
+            );
+        }
+        let times = fused_times(&rows, &[DType::BF16], &[8]);
+        assert!(
+            times.contains("bf16 W=8 hidden 8192: 1: 5.5/8.2 2: 6.0/8.4"),
+            "{times}"
+        );
+        assert_eq!(times.lines().count(), 3, "{times}");
         assert!(s.contains("NVIDIA H200 (driver 580.95.05, virtual ranks)"), "{s}");
         assert!(
             s.lines().any(|l| l.split_whitespace().collect::<Vec<_>>()
@@ -800,6 +1038,9 @@ mod tests {
             col("size_bytes"),
             col("time_us"),
         );
+        // Rows written before the fused call was tuned have no `hidden` column.
+        let h = header.iter().position(|h| *h == "hidden");
+        let c = header.iter().position(|h| *h == "count");
         lines
             .map(|l| {
                 let f: Vec<&str> = l.split(',').collect();
@@ -815,6 +1056,8 @@ mod tests {
                     world: f[w].parse().unwrap(),
                     size_bytes: f[s].parse().unwrap(),
                     time_us: f[t].parse().unwrap(),
+                    hidden: h.and_then(|h| f[h].parse().ok()),
+                    count: c.map_or(0, |c| f[c].parse().unwrap()),
                     ..Row::default()
                 }
             })
@@ -827,15 +1070,12 @@ mod tests {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/tuning");
         let rows = rows_of_csv(&std::fs::read_to_string(dir.join("h200-virtual-rows.csv")).unwrap());
         let committed = TuningTable::load(dir.join("h200-virtual.json")).unwrap();
-        let (table, found) = table_from_rows(
-            &rows,
-            &[DType::BF16, DType::F32],
-            &[2, 4, 8],
-            committed.measured().clone(),
-        )
-        .unwrap();
-        println!("{}", summary(&table, &found));
+        let (table, notes) =
+            table_from_rows(&rows, &DType::ALL, &[2, 4, 8], committed.measured().clone()).unwrap();
+        println!("{}", fused_times(&rows, &DType::ALL, &[2, 4, 8]));
+        println!("{}", summary(&table, &notes));
         assert_eq!(table.entries(), committed.entries());
+        assert_eq!(table.fused_entries(), committed.fused_entries());
         assert_eq!(table.digest(), committed.digest());
     }
 
