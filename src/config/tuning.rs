@@ -1247,4 +1247,36 @@ mod tests {
             TuningProblem::Malformed { .. }
         ));
     }
+
+    #[test]
+    fn the_fused_problems_display_in_human_form() {
+        for problem in [
+            TuningProblem::UnknownFusedAlgorithm {
+                at: "fused[0].max_tokens.two_shot".into(),
+                name: "two_shot".into(),
+            },
+            TuningProblem::BadHidden {
+                at: "fused[1].hidden".into(),
+                dtype: DType::F32,
+                hidden: 7166,
+            },
+            TuningProblem::DuplicateFused {
+                dtype: DType::BF16,
+                world: 8,
+                hidden: 8192,
+            },
+            TuningProblem::WrongVersion {
+                found: 3,
+                supported: TUNING_VERSION,
+            },
+        ] {
+            let text = Error::InvalidTuning {
+                table: "t.json".into(),
+                problem,
+            }
+            .to_string();
+            assert!(!text.contains('{') && !text.contains('}'), "{text}");
+            assert!(!text.contains("   "), "{text}");
+        }
+    }
 }
