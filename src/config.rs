@@ -8,7 +8,8 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 pub use tuning::{
-    Crossovers, Measured, TuningProblem, TuningTable, TUNING_ENV, TUNING_FORMAT, TUNING_VERSION, VERSION,
+    Crossovers, FusedCrossovers, Measured, TuningProblem, TuningTable, TUNING_ENV, TUNING_FORMAT,
+    TUNING_OLDEST_VERSION, TUNING_VERSION, VERSION,
 };
 
 use crate::dtype::DType;
@@ -188,6 +189,22 @@ pub(crate) struct Thresholds {
     pub(crate) tuned: bool,
 }
 
+/// How `Auto` splits the fused all-reduce + residual + RMSNorm call between its one-shot and
+/// two-shot kernels, for one (dtype, world, hidden).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FusedLimit {
+    /// One-shot up to this many bytes: `one_shot_max_bytes`, or the all-reduce's one-shot
+    /// limit where the table has no fused entry for (dtype, world) (the published rule).
+    Bytes(usize),
+    /// One-shot up to `max` tokens: the tuning table's fused entry measured at `hidden`.
+    Tokens {
+        /// Largest one-shot token count.
+        max: usize,
+        /// The measured hidden size whose entry applies (the nearest to the call's).
+        hidden: usize,
+    },
+}
+
 /// Environment variable: `1` turns [`Config::check_divergence`] on. Read by every rank at
 /// setup; the ranks compare their settings, so set it for all of them.
 pub const CHECK_ENV: &str = "SYMM_ALLREDUCE_CHECK";
@@ -285,6 +302,20 @@ impl Config {
         self.thresholds(dtype, world).one_shot_max
     }
 
+    /// Where `Auto` splits the fused call of rows of `hidden` elements: the explicit
+    /// `one_shot_max_bytes`, else the tuning table's fused entry of the nearest measured
+    /// hidden size, else the all-reduce's one-shot limit. Pure and allocation-free.
+    pub(crate) fn fused_limit(&self, dtype: DType, world: usize, hidden: usize) -> FusedLimit {
+        let entry = self.tuning.as_ref().and_then(|t| t.fused(dtype, world, hidden));
+        match (self.one_shot_max_bytes, entry) {
+            (None, Some(e)) => FusedLimit::Tokens {
+                max: e.one_shot_max_tokens,
+                hidden: e.hidden,
+            },
+            _ => FusedLimit::Bytes(self.one_shot_limit(dtype, world)),
+        }
+    }
+
     /// Uses a measured tuning table for `Auto` (see [`Config::tuning`]). The low-latency
     /// slots grow to hold the table's largest low-latency threshold
     /// ([`Config::low_latency_limit`]).
@@ -369,6 +400,34 @@ impl Config {
                     (Some(_), false) => " (not in the table: published)",
                 }
             );
+        }
+        s.pop();
+        s += &format!("\n  fused all-reduce + residual + RMSNorm, Auto at W={world}:");
+        for dtype in DType::ALL {
+            let fused = self
+                .tuning
+                .as_ref()
+                .map_or(&[][..], |t| t.fused_for(dtype, world));
+            if fused.is_empty() || self.one_shot_max_bytes.is_some() {
+                let why = match (&self.tuning, fused.is_empty()) {
+                    (_, false) => "one_shot_max_bytes wins over the table",
+                    (Some(t), true) if !t.fused_entries().is_empty() => "not in the table: the all-reduce's",
+                    _ => "the all-reduce's",
+                };
+                s += &format!(
+                    " {dtype} one-shot <= {} bytes ({why});",
+                    self.one_shot_limit(dtype, world)
+                );
+            } else {
+                let by_hidden: Vec<String> = fused
+                    .iter()
+                    .map(|f| format!("{} tokens at hidden {}", f.one_shot_max_tokens, f.hidden))
+                    .collect();
+                s += &format!(
+                    " {dtype} one-shot <= {} (table; other hidden sizes: the nearest);",
+                    by_hidden.join(", ")
+                );
+            }
         }
         s.pop();
         s
@@ -695,7 +754,7 @@ mod tests {
             &bad,
             test_table(1 << 20)
                 .to_json()
-                .replace("\"version\": 1", "\"version\": 7"),
+                .replace(&format!("\"version\": {TUNING_VERSION}"), "\"version\": 7"),
         )
         .unwrap();
         let e = Config::default().apply_env_tuning(Some(bad.into())).unwrap_err();
@@ -745,6 +804,44 @@ mod tests {
         assert!(
             s.contains("f16 low-latency <= 32768, one-shot <= 262144, NCCL above capacity (not in the table: published)"),
             "{s}"
+        );
+        // The fused call's split: the all-reduce's one-shot limit in bytes without fused
+        // entries, the token limits per measured hidden size with them.
+        assert!(
+            s.contains("fused all-reduce + residual + RMSNorm, Auto at W=8: f32 one-shot <= 262144 bytes (the all-reduce's);"),
+            "{s}"
+        );
+        let fused = |hidden, one_shot_max_tokens| FusedCrossovers {
+            dtype: DType::BF16,
+            world: 8,
+            hidden,
+            one_shot_max_tokens,
+        };
+        let with_fused = t
+            .clone()
+            .with_fused(vec![fused(8192, 16), fused(4096, 48)])
+            .unwrap();
+        let s = Config::default()
+            .with_tuning(with_fused.clone())
+            .tuning_summary(8);
+        assert!(
+            s.contains("bf16 one-shot <= 48 tokens at hidden 4096, 16 tokens at hidden 8192 (table; other hidden sizes: the nearest)"),
+            "{s}"
+        );
+        assert!(
+            s.contains("f16 one-shot <= 262144 bytes (not in the table: the all-reduce's)"),
+            "{s}"
+        );
+        let explicit = Config {
+            one_shot_max_bytes: Some(1000),
+            ..Config::default().with_tuning(with_fused)
+        };
+        assert!(
+            explicit
+                .tuning_summary(8)
+                .contains("bf16 one-shot <= 1000 bytes (one_shot_max_bytes wins over the table)"),
+            "{}",
+            explicit.tuning_summary(8)
         );
         assert!(tuning_label(0).contains("published"));
         assert!(tuning_label(t.digest()).contains(&digest_hex(t.digest())));

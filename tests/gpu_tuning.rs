@@ -1,6 +1,8 @@
 //! The tuning table on the GPU: a loaded table moves `Auto`'s choice (and grows the
-//! low-latency slots) while the sums stay exact; ranks that disagree on the table, or read a
-//! bad one through `SYMM_ALLREDUCE_TUNING`, fail setup on every rank with a typed error.
+//! low-latency slots) while the sums stay exact, and its fused section moves the fused
+//! all-reduce + residual + RMSNorm call's choice while the bits stay those of the published
+//! choice; ranks that disagree on the table, or read a bad one through
+//! `SYMM_ALLREDUCE_TUNING`, fail setup on every rank with a typed error.
 //! Virtual ranks on device 0; run by the libtest-mimic harness (skips without a GPU).
 
 mod common;
@@ -12,25 +14,29 @@ use common::{check_against_f64, check_bits, collect_outputs, emulate, group, ran
 use half::bf16;
 use symm_allreduce::cudarc::driver::{CudaContext, CudaSlice};
 use symm_allreduce::{
-    Algorithm, Communicator, Config, Crossovers, DType, Error, LocalHub, Measured, TuningProblem,
-    TuningTable, TUNING_ENV,
+    Algorithm, Communicator, Config, Crossovers, DType, Error, FusedCrossovers, LocalHub, Measured,
+    TuningProblem, TuningTable, TUNING_ENV, TUNING_VERSION,
 };
 
 /// The environment variable is process-wide: the tests that depend on it take turns.
 static ENV: Mutex<()> = Mutex::new(());
 
+fn measured() -> Measured {
+    Measured {
+        device: "test".into(),
+        driver: "test".into(),
+        date: "2026-12-03T00:00:00Z".into(),
+        crate_version: symm_allreduce::VERSION.into(),
+        placement: "virtual".into(),
+        note: String::new(),
+    }
+}
+
 /// bf16 at W=`world`: low-latency up to 96 KiB (above the default 32 KiB slots), one-shot up
 /// to `one_shot`, two-shot above.
 fn table(world: usize, one_shot: usize) -> TuningTable {
     TuningTable::new(
-        Measured {
-            device: "test".into(),
-            driver: "test".into(),
-            date: "2026-12-03T00:00:00Z".into(),
-            crate_version: symm_allreduce::VERSION.into(),
-            placement: "virtual".into(),
-            note: String::new(),
-        },
+        measured(),
         vec![Crossovers {
             dtype: DType::BF16,
             world,
@@ -111,7 +117,7 @@ fn a_bad_table_in_the_environment_fails_setup_on_every_rank(ctx: Arc<CudaContext
         &bad,
         table(2, 1 << 20)
             .to_json()
-            .replace("\"version\": 1", "\"version\": 9"),
+            .replace(&format!("\"version\": {TUNING_VERSION}"), "\"version\": 9"),
     )
     .unwrap();
     let good = dir.join("good.json");
@@ -222,6 +228,104 @@ fn a_loaded_table_moves_autos_choice_and_the_sums_stay_exact(ctx: Arc<CudaContex
     assert!(d.contains("(table)"), "{d}");
 }
 
+/// Every rank's (residual after the call, norm_out) of one fused `Auto` call of `tokens` rows
+/// of `hidden` bf16 elements (the same data for the same seed).
+fn fused_auto(
+    comms: &[Communicator],
+    streams: &[Arc<symm_allreduce::cudarc::driver::CudaStream>],
+    tokens: usize,
+    hidden: usize,
+    seed: u64,
+) -> Vec<(Vec<bf16>, Vec<bf16>)> {
+    let len = tokens * hidden;
+    let mut g = rng(seed);
+    let residual: Vec<bf16> = random_input(&mut g, len);
+    let weight: Vec<bf16> = random_input(&mut g, hidden);
+    let mut d_res = Vec::new();
+    let mut d_out = Vec::new();
+    let mut keep = Vec::new();
+    for (c, s) in comms.iter().zip(streams) {
+        let input: Vec<bf16> = random_input(&mut g, len);
+        let (x, w) = (s.clone_htod(&input).unwrap(), s.clone_htod(&weight).unwrap());
+        let mut res = s.clone_htod(&residual).unwrap();
+        let mut out = s.alloc_zeros::<bf16>(len).unwrap();
+        // The uploads read the host vectors: wait before `input` is dropped.
+        s.synchronize().unwrap();
+        c.all_reduce_add_rmsnorm(&x, &mut res, &w, 1e-5, &mut out, s)
+            .unwrap();
+        d_res.push(res);
+        d_out.push(out);
+        keep.push((x, w));
+    }
+    let res = collect_outputs(comms, streams, &d_res);
+    let out = collect_outputs(comms, streams, &d_out);
+    res.into_iter().zip(out).collect()
+}
+
+fn a_loaded_table_moves_the_fused_auto_choice_and_the_bits_stay(ctx: Arc<CudaContext>) {
+    const W: usize = 4;
+    let fused = FusedCrossovers {
+        dtype: DType::BF16,
+        world: W,
+        hidden: 8192,
+        one_shot_max_tokens: 8,
+    };
+    let table = TuningTable::new(measured(), vec![])
+        .unwrap()
+        .with_fused(vec![fused])
+        .unwrap();
+    let config = Config {
+        capacity_bytes: 4 << 20,
+        ..Config::default()
+    };
+    let (comms, streams) = group(&ctx, W, config.clone().with_tuning(table));
+    let (plain, plain_streams) = group(&ctx, W, config);
+    // (tokens, hidden, algorithm with the table, with the published rule: one-shot up to
+    // 512 KiB at W=4).
+    for (tokens, hidden, with_table, published) in [
+        (1, 8192, Algorithm::OneShot, Algorithm::OneShot),
+        (8, 8192, Algorithm::OneShot, Algorithm::OneShot),
+        (9, 8192, Algorithm::TwoShot, Algorithm::OneShot),
+        (32, 8192, Algorithm::TwoShot, Algorithm::OneShot), // exactly 512 KiB
+        (9, 7168, Algorithm::TwoShot, Algorithm::OneShot),  // not measured: 8192's entry
+        (33, 8192, Algorithm::TwoShot, Algorithm::TwoShot),
+    ] {
+        let p = comms[0]
+            .add_rmsnorm_path(tokens, hidden, DType::BF16, Algorithm::Auto)
+            .unwrap();
+        assert_eq!(p.algorithm, with_table, "{tokens}x{hidden}: {p}");
+        assert!(
+            p.reason.contains("tuning table's entry for hidden 8192"),
+            "{tokens}x{hidden}: {p}"
+        );
+        let q = plain[0]
+            .add_rmsnorm_path(tokens, hidden, DType::BF16, Algorithm::Auto)
+            .unwrap();
+        assert_eq!(q.algorithm, published, "{tokens}x{hidden}: {q}");
+        // The kernels differ, the bits do not (one block per row, the same arithmetic).
+        let seed = (tokens * hidden) as u64;
+        let tuned_bits = fused_auto(&comms, &streams, tokens, hidden, seed);
+        let plain_bits = fused_auto(&plain, &plain_streams, tokens, hidden, seed);
+        for (r, ((res, out), (res0, out0))) in tuned_bits.iter().zip(&plain_bits).enumerate() {
+            let what = format!("{tokens}x{hidden} rank {r}");
+            check_bits(&format!("{what} residual"), res0, res).unwrap();
+            check_bits(&format!("{what} norm_out"), out0, out).unwrap();
+        }
+    }
+    // f16 is not in the table: the published rule.
+    let p = comms[0]
+        .add_rmsnorm_path(9, 8192, DType::F16, Algorithm::Auto)
+        .unwrap();
+    assert_eq!(p.algorithm, Algorithm::OneShot, "{p}");
+    assert!(p.reason.contains("bytes <= one-shot limit (524288)"), "{p}");
+    let d = comms[0].describe();
+    assert!(
+        d.contains("bf16 one-shot <= 8 tokens at hidden 8192 (table"),
+        "{d}"
+    );
+    assert!(!plain[0].describe().contains("tokens at hidden"));
+}
+
 fn main() -> std::process::ExitCode {
     common::harness::run(
         "gpu_tuning",
@@ -229,6 +333,7 @@ fn main() -> std::process::ExitCode {
             gpu_test!(ranks_disagreeing_on_the_tuning_table_fail_setup_on_every_rank),
             gpu_test!(a_bad_table_in_the_environment_fails_setup_on_every_rank),
             gpu_test!(a_loaded_table_moves_autos_choice_and_the_sums_stay_exact),
+            gpu_test!(a_loaded_table_moves_the_fused_auto_choice_and_the_bits_stay),
         ],
     )
 }

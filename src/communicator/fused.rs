@@ -178,7 +178,13 @@ impl Communicator {
         }
         .validate()?;
         let r = route_fused(tokens, hidden, dtype, &self.config, algorithm, self.facts())?;
-        Ok(explain_fused(&r, algorithm, &self.config, self.facts()))
+        Ok(explain_fused(
+            &r,
+            (tokens, hidden),
+            algorithm,
+            &self.config,
+            self.facts(),
+        ))
     }
 
     /// `(tokens, hidden)` of a call over (input, residual, weight, norm_out), each given as

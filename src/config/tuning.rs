@@ -4,7 +4,7 @@
 //! ```json
 //! {
 //!   "format": "symm-allreduce tuning table",
-//!   "version": 1,
+//!   "version": 2,
 //!   "measured": {
 //!     "device": "NVIDIA H200", "driver": "580.95.05", "date": "2026-12-03T08:10:00Z",
 //!     "crate_version": "0.1.0", "placement": "virtual", "note": "..."
@@ -12,6 +12,9 @@
 //!   "crossovers": [
 //!     { "dtype": "bf16", "world": 8,
 //!       "max_bytes": { "low_latency": 32768, "one_shot": 262144, "two_shot": 8388608 } }
+//!   ],
+//!   "fused": [
+//!     { "dtype": "bf16", "world": 8, "hidden": 8192, "max_tokens": { "one_shot": 16 } }
 //!   ]
 //! }
 //! ```
@@ -23,12 +26,23 @@
 //! off, and equal values leave an algorithm no sizes. A (dtype, world) the table does not name
 //! keeps the published starting points.
 //!
-//! The table is resolved once, when it is built, into a dense `[dtype][world]` array: a call
-//! looks its thresholds up by index, without allocating.
+//! `fused` holds the crossovers of the fused all-reduce + residual + RMSNorm call
+//! ([`crate::Communicator::all_reduce_add_rmsnorm`]), which has two kernels: `Auto` takes the
+//! fused one-shot for calls of up to `max_tokens.one_shot` rows (tokens, inclusive; 0: never)
+//! and the fused two-shot above. Entries are per (dtype, world, hidden size); a call whose
+//! hidden size was not measured takes the entry of the nearest measured one (by ratio; a tie
+//! goes to the larger), with its token limit unchanged (the kernels run one block per row, so
+//! rows, not bytes, set the grid). A (dtype, world) without fused entries keeps the published
+//! rule: the all-reduce's one-shot limit in bytes. NCCL is not measured for the fused call:
+//! it takes NCCL (then the unfused epilogue) only above `Config::nccl_above_bytes`, or the
+//! capacity.
 //!
-//! Extension point (issue 14, item 1): when the fused all-reduce + residual + RMSNorm call
-//! exists, its crossovers go into a new section of the format (version 2), measured by
-//! `symm-bench --tune` beside the plain all-reduce. Version 1 has no such section.
+//! Version 1 (no `fused` section) still loads, as a table without fused entries; a file of
+//! version 2 must have the section (`[]` when nothing was measured).
+//!
+//! The table is resolved once, when it is built, into dense `[dtype][world]` arrays: a call
+//! looks its thresholds up by index (the fused call scans its few hidden sizes), without
+//! allocating.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -38,12 +52,16 @@ use serde::{Deserialize, Serialize};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::abi::MAX_RANKS;
+use crate::plan::fused::MAX_HIDDEN;
 
 /// The `format` string every table file carries.
 pub const TUNING_FORMAT: &str = "symm-allreduce tuning table";
 
-/// The format version this build reads and writes.
-pub const TUNING_VERSION: u64 = 1;
+/// The format version this build writes (and the newest it reads).
+pub const TUNING_VERSION: u64 = 2;
+
+/// The oldest format version this build reads (version 1: no `fused` section).
+pub const TUNING_OLDEST_VERSION: u64 = 1;
 
 /// Environment variable: a tuning table file that setup loads on every rank whose
 /// [`crate::Config::tuning`] is `None`.
@@ -54,6 +72,9 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The algorithm names a table's `max_bytes` may hold, in routing order.
 const ALGORITHMS: [&str; 3] = ["low_latency", "one_shot", "two_shot"];
+
+/// The algorithm names a fused entry's `max_tokens` may hold (two-shot takes the rest).
+const FUSED_ALGORITHMS: [&str; 1] = ["one_shot"];
 
 /// What is wrong with a tuning table (inside [`Error::InvalidTuning`]). Each message says
 /// what to do about it.
@@ -76,7 +97,7 @@ pub enum TuningProblem {
     WrongVersion {
         /// The version in the file.
         found: u64,
-        /// The version this build reads.
+        /// The newest version this build reads (it reads [`TUNING_OLDEST_VERSION`] and up).
         supported: u64,
     },
     /// A required field is absent (or null).
@@ -121,6 +142,31 @@ pub enum TuningProblem {
         /// The world.
         world: usize,
     },
+    /// A `fused[..].max_tokens` key that names no fused algorithm the table can set.
+    UnknownFusedAlgorithm {
+        /// Where.
+        at: String,
+        /// The name.
+        name: String,
+    },
+    /// A fused entry's hidden size that the fused call does not take.
+    BadHidden {
+        /// Where.
+        at: String,
+        /// The entry's dtype (the hidden size must be a multiple of its elements per pack).
+        dtype: DType,
+        /// The value.
+        hidden: u64,
+    },
+    /// Two fused entries for the same (dtype, world, hidden).
+    DuplicateFused {
+        /// The dtype.
+        dtype: DType,
+        /// The world.
+        world: usize,
+        /// The hidden size.
+        hidden: usize,
+    },
 }
 
 const REGENERATE: &str = "regenerate the table with `symm-bench --tune OUT.json` of this version";
@@ -140,8 +186,8 @@ impl std::fmt::Display for TuningProblem {
             ),
             TuningProblem::WrongVersion { found, supported } => write!(
                 f,
-                "has format version {found}, but this build reads version {supported}; {REGENERATE}, or use \
-                 a symm-allreduce that reads version {found}"
+                "has format version {found}, but this build reads versions {TUNING_OLDEST_VERSION} to \
+                 {supported}; {REGENERATE}, or use a symm-allreduce that reads version {found}"
             ),
             TuningProblem::MissingField { field } => {
                 write!(f, "lacks the required field `{field}`; add it or {REGENERATE}")
@@ -171,6 +217,24 @@ impl std::fmt::Display for TuningProblem {
             ),
             TuningProblem::Duplicate { dtype, world } => {
                 write!(f, "has two entries for {dtype} at W={world}; keep one")
+            }
+            TuningProblem::UnknownFusedAlgorithm { at, name } => write!(
+                f,
+                "names the unknown fused algorithm {name:?} at `{at}`: max_tokens takes one_shot (the fused \
+                 two-shot takes the tokens above it; the fused call has no low-latency kernel and NCCL is \
+                 not tuned for it); remove or rename it"
+            ),
+            TuningProblem::BadHidden { at, dtype, hidden } => write!(
+                f,
+                "has hidden size {hidden} at `{at}`: the fused call takes {dtype} hidden sizes that are \
+                 multiples of {} up to {MAX_HIDDEN}; fix the entry or {REGENERATE}",
+                dtype.per_pack()
+            ),
+            TuningProblem::DuplicateFused { dtype, world, hidden } => {
+                write!(
+                    f,
+                    "has two fused entries for {dtype} at W={world}, hidden {hidden}; keep one"
+                )
             }
         }
     }
@@ -212,9 +276,24 @@ pub struct Crossovers {
     pub two_shot_max_bytes: Option<usize>,
 }
 
+/// The fused all-reduce + residual + RMSNorm call's crossover at one (dtype, world, hidden):
+/// the fused one-shot for calls of up to `one_shot_max_tokens` rows, the fused two-shot above.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FusedCrossovers {
+    /// Element type.
+    pub dtype: DType,
+    /// Number of ranks.
+    pub world: usize,
+    /// Row length (the weight's length) it was measured at.
+    pub hidden: usize,
+    /// One-shot up to this many tokens (rows, inclusive; 0: never).
+    pub one_shot_max_tokens: usize,
+}
+
 /// A checked tuning table (see the module documentation for the file format). Built only
-/// through [`TuningTable::new`], [`TuningTable::from_json`] or [`TuningTable::load`], so its
-/// thresholds always increase in routing order and every (dtype, world) appears at most once.
+/// through [`TuningTable::new`] (and [`TuningTable::with_fused`]), [`TuningTable::from_json`]
+/// or [`TuningTable::load`], so its thresholds always increase in routing order, every
+/// (dtype, world) appears at most once, and every fused (dtype, world, hidden) at most once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TuningTable {
     measured: Measured,
@@ -222,6 +301,10 @@ pub struct TuningTable {
     entries: Vec<Crossovers>,
     /// `[dtype index][world - 1]`: the lookup a call makes.
     dense: [[Option<Crossovers>; MAX_RANKS]; DType::COUNT],
+    /// Sorted by (dtype, world, hidden).
+    fused: Vec<FusedCrossovers>,
+    /// `[dtype index][world - 1]`: the range of `fused` holding that (dtype, world).
+    fused_ranges: [[(usize, usize); MAX_RANKS]; DType::COUNT],
     /// The file it was loaded from.
     origin: Option<PathBuf>,
     digest: u64,
@@ -237,6 +320,8 @@ struct File {
     version: Option<u64>,
     measured: Option<FileMeasured>,
     crossovers: Option<Vec<FileEntry>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fused: Option<Vec<FileFused>>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -259,8 +344,38 @@ struct FileEntry {
     max_bytes: Option<BTreeMap<String, Option<u64>>>,
 }
 
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileFused {
+    dtype: Option<String>,
+    world: Option<u64>,
+    hidden: Option<u64>,
+    max_tokens: Option<BTreeMap<String, Option<u64>>>,
+}
+
 fn missing(field: String) -> TuningProblem {
     TuningProblem::MissingField { field }
+}
+
+/// The dtype and world of the entry at `at` (both required).
+fn dtype_and_world(
+    dtype: Option<String>,
+    world: Option<u64>,
+    at: &str,
+) -> std::result::Result<(DType, usize), TuningProblem> {
+    let name = dtype.ok_or_else(|| missing(format!("{at}.dtype")))?;
+    let dtype = name.parse::<DType>().map_err(|_| TuningProblem::UnknownDType {
+        at: format!("{at}.dtype"),
+        name: name.clone(),
+    })?;
+    let world = world.ok_or_else(|| missing(format!("{at}.world")))?;
+    if world == 0 || world > MAX_RANKS as u64 {
+        return Err(TuningProblem::BadWorld {
+            at: format!("{at}.world"),
+            world,
+        });
+    }
+    Ok((dtype, world as usize))
 }
 
 fn bytes_value(v: u64, at: &str) -> std::result::Result<usize, TuningProblem> {
@@ -272,20 +387,7 @@ fn bytes_value(v: u64, at: &str) -> std::result::Result<usize, TuningProblem> {
 impl FileEntry {
     fn check(self, i: usize) -> std::result::Result<Crossovers, TuningProblem> {
         let at = format!("crossovers[{i}]");
-        let dtype_name = self.dtype.ok_or_else(|| missing(format!("{at}.dtype")))?;
-        let dtype = dtype_name
-            .parse::<DType>()
-            .map_err(|_| TuningProblem::UnknownDType {
-                at: format!("{at}.dtype"),
-                name: dtype_name.clone(),
-            })?;
-        let world = self.world.ok_or_else(|| missing(format!("{at}.world")))?;
-        if world == 0 || world > MAX_RANKS as u64 {
-            return Err(TuningProblem::BadWorld {
-                at: format!("{at}.world"),
-                world,
-            });
-        }
+        let (dtype, world) = dtype_and_world(self.dtype, self.world, &at)?;
         let max = self.max_bytes.ok_or_else(|| missing(format!("{at}.max_bytes")))?;
         if let Some(name) = max.keys().find(|k| !ALGORITHMS.contains(&k.as_str())) {
             return Err(TuningProblem::UnknownAlgorithm {
@@ -306,7 +408,7 @@ impl FileEntry {
         };
         Ok(Crossovers {
             dtype,
-            world: world as usize,
+            world,
             low_latency_max_bytes: required("low_latency")?,
             one_shot_max_bytes: required("one_shot")?,
             two_shot_max_bytes: two_shot,
@@ -359,6 +461,84 @@ impl Crossovers {
     }
 }
 
+impl FileFused {
+    fn check(self, i: usize) -> std::result::Result<FusedCrossovers, TuningProblem> {
+        let at = format!("fused[{i}]");
+        let (dtype, world) = dtype_and_world(self.dtype, self.world, &at)?;
+        let hidden = self.hidden.ok_or_else(|| missing(format!("{at}.hidden")))?;
+        let max = self
+            .max_tokens
+            .ok_or_else(|| missing(format!("{at}.max_tokens")))?;
+        if let Some(name) = max.keys().find(|k| !FUSED_ALGORITHMS.contains(&k.as_str())) {
+            return Err(TuningProblem::UnknownFusedAlgorithm {
+                at: format!("{at}.max_tokens.{name}"),
+                name: name.clone(),
+            });
+        }
+        let path = format!("{at}.max_tokens.one_shot");
+        let one_shot = match max.get("one_shot").copied().flatten() {
+            Some(v) => bytes_value(v, &path)?,
+            None => return Err(missing(path)),
+        };
+        let entry = FusedCrossovers {
+            dtype,
+            world,
+            hidden: usize::try_from(hidden).map_err(|_| TuningProblem::BadHidden {
+                at: format!("{at}.hidden"),
+                dtype,
+                hidden,
+            })?,
+            one_shot_max_tokens: one_shot,
+        };
+        entry.check(&format!("{at}.hidden"))?;
+        Ok(entry)
+    }
+}
+
+impl FusedCrossovers {
+    /// `at` names the hidden size in a refusal.
+    fn check(&self, at: &str) -> std::result::Result<(), TuningProblem> {
+        if !(1..=MAX_RANKS).contains(&self.world) {
+            return Err(TuningProblem::BadWorld {
+                at: format!("{} fused entry", self.dtype),
+                world: self.world as u64,
+            });
+        }
+        let per_pack = self.dtype.per_pack();
+        if self.hidden == 0 || self.hidden > MAX_HIDDEN || self.hidden % per_pack != 0 {
+            return Err(TuningProblem::BadHidden {
+                at: at.to_string(),
+                dtype: self.dtype,
+                hidden: self.hidden as u64,
+            });
+        }
+        Ok(())
+    }
+
+    fn to_file(self) -> FileFused {
+        let mut max = BTreeMap::new();
+        max.insert("one_shot".to_string(), Some(self.one_shot_max_tokens as u64));
+        FileFused {
+            dtype: Some(self.dtype.name().to_string()),
+            world: Some(self.world as u64),
+            hidden: Some(self.hidden as u64),
+            max_tokens: Some(max),
+        }
+    }
+
+    /// How far `hidden` is from this entry's hidden size, as a ratio `(larger, smaller)`.
+    fn distance(&self, hidden: usize) -> (usize, usize) {
+        (self.hidden.max(hidden), self.hidden.min(hidden).max(1))
+    }
+}
+
+fn in_memory(problem: TuningProblem) -> Error {
+    Error::InvalidTuning {
+        table: "(built in memory)".into(),
+        problem,
+    }
+}
+
 /// FNV-1a, 64 bits: a stable digest (the same on every machine and Rust version) to compare
 /// tables across ranks. It detects disagreement, not tampering.
 fn fnv1a(bytes: &[u8]) -> u64 {
@@ -370,16 +550,21 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 impl TuningTable {
     /// A table from measurements: checks every entry (world in 1..=8, thresholds that do not
     /// decrease, one entry per (dtype, world)); the entries are kept sorted by (dtype, world).
+    /// No fused entries (add them with [`TuningTable::with_fused`]).
     pub fn new(measured: Measured, entries: Vec<Crossovers>) -> Result<TuningTable> {
-        Self::build(measured, entries, None).map_err(|p| Error::InvalidTuning {
-            table: "(built in memory)".into(),
-            problem: p,
-        })
+        Self::build(measured, entries, Vec::new(), None).map_err(in_memory)
+    }
+
+    /// This table with `fused` as its fused section (replacing any): checks every entry (world
+    /// in 1..=8, a hidden size the fused call takes, one entry per (dtype, world, hidden)).
+    pub fn with_fused(self, fused: Vec<FusedCrossovers>) -> Result<TuningTable> {
+        Self::build(self.measured, self.entries, fused, self.origin).map_err(in_memory)
     }
 
     fn build(
         measured: Measured,
         mut entries: Vec<Crossovers>,
+        mut fused: Vec<FusedCrossovers>,
         origin: Option<PathBuf>,
     ) -> std::result::Result<TuningTable, TuningProblem> {
         let mut dense = [[None; MAX_RANKS]; DType::COUNT];
@@ -395,11 +580,33 @@ impl TuningTable {
             *slot = Some(*e);
         }
         entries.sort_by_key(|e| (e.dtype.index(), e.world));
+        for f in &fused {
+            f.check("fused entry")?;
+        }
+        fused.sort_by_key(|f| (f.dtype.index(), f.world, f.hidden));
+        if let Some(w) = fused
+            .windows(2)
+            .find(|w| (w[0].dtype, w[0].world, w[0].hidden) == (w[1].dtype, w[1].world, w[1].hidden))
+        {
+            return Err(TuningProblem::DuplicateFused {
+                dtype: w[0].dtype,
+                world: w[0].world,
+                hidden: w[0].hidden,
+            });
+        }
+        let mut fused_ranges = [[(0, 0); MAX_RANKS]; DType::COUNT];
+        let mut start = 0;
+        for group in fused.chunk_by(|a, b| (a.dtype, a.world) == (b.dtype, b.world)) {
+            fused_ranges[group[0].dtype.index()][group[0].world - 1] = (start, start + group.len());
+            start += group.len();
+        }
         let max_low_latency = entries.iter().map(|e| e.low_latency_max_bytes).max().unwrap_or(0);
         let mut table = TuningTable {
             measured,
             entries,
             dense,
+            fused,
+            fused_ranges,
             origin,
             digest: 0,
             max_low_latency,
@@ -442,10 +649,10 @@ impl TuningTable {
         if value.get("format").and_then(|f| f.as_str()) != Some(TUNING_FORMAT) {
             return Err(TuningProblem::NotATable);
         }
-        match value.get("version") {
+        let version = match value.get("version") {
             None | Some(serde_json::Value::Null) => return Err(missing("version".into())),
             Some(v) => match v.as_u64() {
-                Some(TUNING_VERSION) => {}
+                Some(found @ TUNING_OLDEST_VERSION..=TUNING_VERSION) => found,
                 Some(found) => {
                     return Err(TuningProblem::WrongVersion {
                         found,
@@ -458,7 +665,7 @@ impl TuningTable {
                     })
                 }
             },
-        }
+        };
         let file: File = serde_json::from_value(value).map_err(malformed)?;
         let m = file.measured.ok_or_else(|| missing("measured".into()))?;
         let field = |v: Option<String>, name: &str| v.ok_or_else(|| missing(format!("measured.{name}")));
@@ -477,7 +684,21 @@ impl TuningTable {
             .enumerate()
             .map(|(i, e)| e.check(i))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        Self::build(measured, entries, origin)
+        let fused = match (version, file.fused) {
+            (1, None) => Vec::new(),
+            (1, Some(_)) => {
+                return Err(TuningProblem::Malformed {
+                    detail: "version 1 has no `fused` section: set \"version\": 2".into(),
+                })
+            }
+            (_, None) => return Err(missing("fused".into())),
+            (_, Some(fused)) => fused
+                .into_iter()
+                .enumerate()
+                .map(|(i, f)| f.check(i))
+                .collect::<std::result::Result<Vec<_>, _>>()?,
+        };
+        Self::build(measured, entries, fused, origin)
     }
 
     /// The table as JSON (what [`TuningTable::from_json`] reads back; entries sorted).
@@ -495,6 +716,7 @@ impl TuningTable {
                 note: m.note.clone(),
             }),
             crossovers: Some(self.entries.iter().map(|e| e.to_file()).collect()),
+            fused: Some(self.fused.iter().map(|f| f.to_file()).collect()),
         };
         // Serialising plain strings, integers and maps with string keys cannot fail.
         serde_json::to_string_pretty(&file).unwrap_or_default() + "\n"
@@ -510,6 +732,37 @@ impl TuningTable {
     /// Every entry, sorted by (dtype, world).
     pub fn entries(&self) -> &[Crossovers] {
         &self.entries
+    }
+
+    /// Every fused entry, sorted by (dtype, world, hidden).
+    pub fn fused_entries(&self) -> &[FusedCrossovers] {
+        &self.fused
+    }
+
+    /// The fused entries of one (dtype, world), sorted by hidden size (an index, no search).
+    pub fn fused_for(&self, dtype: DType, world: usize) -> &[FusedCrossovers] {
+        let (start, end) = world
+            .checked_sub(1)
+            .and_then(|w| self.fused_ranges[dtype.index()].get(w).copied())
+            .unwrap_or((0, 0));
+        &self.fused[start..end]
+    }
+
+    /// The fused entry `Auto` follows for a call of rows of `hidden` elements: the one of the
+    /// nearest measured hidden size (by ratio; a tie goes to the larger), if the table has any
+    /// for (dtype, world). Allocation-free.
+    pub fn fused(&self, dtype: DType, world: usize, hidden: usize) -> Option<FusedCrossovers> {
+        // (a, b) is nearer than (c, d) when a/b < c/d; sorted ascending, `<=` lets the
+        // larger of two equally near sizes win.
+        self.fused_for(dtype, world).iter().copied().reduce(|best, f| {
+            let (a, b) = f.distance(hidden);
+            let (c, d) = best.distance(hidden);
+            if a as u128 * d as u128 <= c as u128 * b as u128 {
+                f
+            } else {
+                best
+            }
+        })
     }
 
     /// Where and when it was measured.
@@ -551,14 +804,27 @@ mod tests {
 
     const GOOD: &str = r#"{
       "format": "symm-allreduce tuning table",
-      "version": 1,
+      "version": 2,
       "measured": {"device": "NVIDIA H200", "driver": "580.95.05", "date": "2026-12-03T08:00:00Z",
                    "crate_version": "0.1.0", "placement": "virtual"},
       "crossovers": [
         {"dtype": "bf16", "world": 8, "max_bytes": {"low_latency": 65536, "one_shot": 1048576}},
         {"dtype": "f32", "world": 2, "max_bytes": {"low_latency": 0, "one_shot": 4096, "two_shot": 8388608}}
+      ],
+      "fused": [
+        {"dtype": "bf16", "world": 8, "hidden": 8192, "max_tokens": {"one_shot": 16}},
+        {"dtype": "bf16", "world": 8, "hidden": 4096, "max_tokens": {"one_shot": 48}},
+        {"dtype": "f32", "world": 2, "hidden": 7168, "max_tokens": {"one_shot": 0}}
       ]
     }"#;
+
+    /// [`GOOD`] in format version 1: no fused section.
+    fn good_v1() -> String {
+        let mut v: serde_json::Value = serde_json::from_str(GOOD).unwrap();
+        v["version"] = 1.into();
+        v.as_object_mut().unwrap().remove("fused");
+        v.to_string()
+    }
 
     fn problem(text: &str) -> TuningProblem {
         match TuningTable::from_json(text) {
@@ -589,6 +855,173 @@ mod tests {
         assert_eq!(t.measured().device, "NVIDIA H200");
         assert_eq!(t.max_low_latency_bytes(), 65536);
         assert_eq!(t.origin(), None);
+        // The fused section, sorted by (dtype, world, hidden) (f32 comes first in DType::ALL).
+        let hidden: Vec<usize> = t.fused_entries().iter().map(|f| f.hidden).collect();
+        assert_eq!(hidden, [7168, 4096, 8192]);
+        assert_eq!(t.fused_for(DType::BF16, 8).len(), 2);
+        assert_eq!(t.fused_for(DType::F32, 2)[0].one_shot_max_tokens, 0);
+        assert!(t.fused_for(DType::F16, 8).is_empty());
+        assert!(t.fused_for(DType::BF16, 0).is_empty());
+        assert!(t.fused_for(DType::BF16, 99).is_empty());
+    }
+
+    #[test]
+    fn the_fused_entry_of_the_nearest_measured_hidden_size_applies() {
+        let t = TuningTable::from_json(GOOD).unwrap();
+        let tokens = |hidden| {
+            t.fused(DType::BF16, 8, hidden)
+                .map(|f| (f.hidden, f.one_shot_max_tokens))
+        };
+        assert_eq!(tokens(8192), Some((8192, 16)));
+        assert_eq!(tokens(4096), Some((4096, 48)));
+        // 5120: 5120/4096 = 1.25 < 8192/5120 = 1.6; 6144: 1.5 > 1.33.
+        assert_eq!(tokens(5120), Some((4096, 48)));
+        assert_eq!(tokens(6144), Some((8192, 16)));
+        // Beyond the measured sizes: the nearest end.
+        assert_eq!(tokens(16384), Some((8192, 16)));
+        assert_eq!(tokens(1024), Some((4096, 48)));
+        // Equally near (16 is twice 8 and half 32): the larger wins.
+        let tie = TuningTable::new(measured(), vec![])
+            .unwrap()
+            .with_fused(
+                [8usize, 32]
+                    .map(|hidden| FusedCrossovers {
+                        dtype: DType::BF16,
+                        world: 2,
+                        hidden,
+                        one_shot_max_tokens: hidden,
+                    })
+                    .to_vec(),
+            )
+            .unwrap();
+        assert_eq!(tie.fused(DType::BF16, 2, 16).unwrap().hidden, 32);
+        assert_eq!(tie.fused(DType::BF16, 2, 15).unwrap().hidden, 8);
+        // Nothing measured for (dtype, world): none; absurd hidden sizes do not overflow.
+        assert_eq!(t.fused(DType::F16, 8, 8192), None);
+        assert_eq!(t.fused(DType::BF16, 8, usize::MAX).unwrap().hidden, 8192);
+        assert_eq!(t.fused(DType::BF16, 8, 0).unwrap().hidden, 4096);
+    }
+
+    #[test]
+    fn version_1_tables_load_without_fused_entries() {
+        let t = TuningTable::from_json(&good_v1()).unwrap();
+        assert!(t.fused_entries().is_empty());
+        assert_eq!(t.entries(), TuningTable::from_json(GOOD).unwrap().entries());
+        // Written back in the current version, with an empty fused section.
+        let back: serde_json::Value = serde_json::from_str(&t.to_json()).unwrap();
+        assert_eq!(back["version"], TUNING_VERSION);
+        assert_eq!(back["fused"], serde_json::json!([]));
+        assert_eq!(TuningTable::from_json(&t.to_json()).unwrap(), t);
+        // Version 1 with a fused section, version 2 without one: refused.
+        let mut v1_fused: serde_json::Value = serde_json::from_str(GOOD).unwrap();
+        v1_fused["version"] = 1.into();
+        assert!(matches!(
+            problem(&v1_fused.to_string()),
+            TuningProblem::Malformed { detail } if detail.contains("\"version\": 2")
+        ));
+        let mut v2_bare: serde_json::Value = serde_json::from_str(&good_v1()).unwrap();
+        v2_bare["version"] = 2.into();
+        assert_eq!(
+            problem(&v2_bare.to_string()),
+            TuningProblem::MissingField {
+                field: "fused".into()
+            }
+        );
+    }
+
+    #[test]
+    fn bad_fused_entries_are_refused_with_typed_errors() {
+        for name in ["low_latency", "two_shot", "nccl", "auto", "oneshot"] {
+            let text = GOOD.replace("\"one_shot\": 48", &format!("\"one_shot\": 48, \"{name}\": 5"));
+            assert_eq!(
+                problem(&text),
+                TuningProblem::UnknownFusedAlgorithm {
+                    at: format!("fused[1].max_tokens.{name}"),
+                    name: name.into()
+                }
+            );
+        }
+        let e = TuningTable::from_json(&GOOD.replace("{\"one_shot\": 16}", "{\"two_shot\": 16}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"two_shot\"") && e.contains("max_tokens takes one_shot"),
+            "{e}"
+        );
+        // Hidden sizes the fused call does not take: 0, above 16384, not a whole number of
+        // 16-byte packs (bf16: 8 elements); f32 packs hold 4, so 7164 is one there.
+        for (from, to) in [
+            ("8192", "0"),
+            ("8192", "16392"),
+            ("8192", "8196"),
+            ("7168", "7166"),
+        ] {
+            let text = GOOD.replace(&format!("\"hidden\": {from}"), &format!("\"hidden\": {to}"));
+            assert!(
+                matches!(problem(&text), TuningProblem::BadHidden { hidden, .. } if hidden.to_string() == to),
+                "{to}"
+            );
+        }
+        TuningTable::from_json(&GOOD.replace("\"hidden\": 7168", "\"hidden\": 7164")).unwrap();
+        let e = TuningTable::from_json(&GOOD.replace("\"hidden\": 8192", "\"hidden\": 8196")).unwrap_err();
+        assert!(e.to_string().contains("multiples of 8 up to 16384"), "{e}");
+        // Ranges that are not token counts, fields that are missing, and duplicates.
+        for bad in ["-1", "1.5", "\"16\"", "[1, 16]"] {
+            assert!(
+                matches!(
+                    problem(&GOOD.replace("\"one_shot\": 16}", &format!("\"one_shot\": {bad}}}"))),
+                    TuningProblem::Malformed { .. }
+                ),
+                "{bad}"
+            );
+        }
+        let cases = [
+            ("\"one_shot\": 16", "fused[0].max_tokens.one_shot"),
+            ("\"hidden\": 4096, ", "fused[1].hidden"),
+            ("\"max_tokens\": {\"one_shot\": 0}", "fused[2].max_tokens"),
+        ];
+        for (cut, field) in cases {
+            assert!(GOOD.contains(cut), "{cut}");
+            let text = GOOD.replacen(cut, "", 1).replace(", }", "}");
+            assert_eq!(
+                problem(&text),
+                TuningProblem::MissingField { field: field.into() },
+                "{cut}"
+            );
+        }
+        assert!(matches!(
+            problem(&GOOD.replace("\"hidden\": 4096", "\"hidden\": 8192")),
+            TuningProblem::DuplicateFused {
+                dtype: DType::BF16,
+                world: 8,
+                hidden: 8192
+            }
+        ));
+        assert!(matches!(
+            problem(&GOOD.replace("\"world\": 2, \"hidden\"", "\"world\": 9, \"hidden\"")),
+            TuningProblem::BadWorld { at, world: 9 } if at == "fused[2].world"
+        ));
+        // The in-memory constructor checks the same.
+        let ok = FusedCrossovers {
+            dtype: DType::F16,
+            world: 4,
+            hidden: 4096,
+            one_shot_max_tokens: 8,
+        };
+        let base = TuningTable::new(measured(), vec![]).unwrap();
+        for (bad, what) in [
+            (vec![ok, ok], "duplicate"),
+            (vec![FusedCrossovers { hidden: 100, ..ok }], "hidden"),
+            (vec![FusedCrossovers { world: 0, ..ok }], "world"),
+        ] {
+            assert!(
+                matches!(base.clone().with_fused(bad), Err(Error::InvalidTuning { .. })),
+                "{what}"
+            );
+        }
+        let t = base.with_fused(vec![ok]).unwrap();
+        assert_eq!(t.fused(DType::F16, 4, 1), Some(ok));
+        assert_eq!(TuningTable::from_json(&t.to_json()).unwrap(), t);
     }
 
     #[test]
@@ -610,6 +1043,12 @@ mod tests {
             TuningTable::from_json(&moved.to_string()).unwrap().digest(),
             t.digest()
         );
+        let mut fused = v.clone();
+        fused["fused"][0]["max_tokens"]["one_shot"] = 17.into();
+        assert_ne!(
+            TuningTable::from_json(&fused.to_string()).unwrap().digest(),
+            t.digest()
+        );
         let mut elsewhere = v;
         elsewhere["measured"]["device"] = "NVIDIA B200".into();
         assert_ne!(
@@ -617,7 +1056,10 @@ mod tests {
             t.digest()
         );
         // Built in memory: the same writer, the same reader.
-        let built = TuningTable::new(measured(), t.entries().to_vec()).unwrap();
+        let built = TuningTable::new(measured(), t.entries().to_vec())
+            .unwrap()
+            .with_fused(t.fused_entries().to_vec())
+            .unwrap();
         assert_eq!(TuningTable::from_json(&built.to_json()).unwrap(), built);
     }
 
@@ -641,26 +1083,26 @@ mod tests {
 
     #[test]
     fn a_wrong_version_is_refused_before_its_fields_are_read() {
-        let v2 = GOOD
-            .replace("\"version\": 1", "\"version\": 2")
-            .replace("\"crossovers\"", "\"other\"");
+        for found in [0, 3] {
+            let other = GOOD
+                .replace("\"version\": 2", &format!("\"version\": {found}"))
+                .replace("\"crossovers\"", "\"other\"");
+            assert_eq!(
+                problem(&other),
+                TuningProblem::WrongVersion { found, supported: 2 }
+            );
+            let e = TuningTable::from_json(&other).unwrap_err().to_string();
+            assert!(e.contains("symm-bench --tune"), "{e}");
+            assert!(e.contains("reads versions 1 to 2"), "{e}");
+        }
         assert_eq!(
-            problem(&v2),
-            TuningProblem::WrongVersion {
-                found: 2,
-                supported: 1
-            }
-        );
-        let e = TuningTable::from_json(&v2).unwrap_err().to_string();
-        assert!(e.contains("symm-bench --tune"), "{e}");
-        assert_eq!(
-            problem(&GOOD.replace("\"version\": 1,", "")),
+            problem(&GOOD.replace("\"version\": 2,", "")),
             TuningProblem::MissingField {
                 field: "version".into()
             }
         );
         assert!(matches!(
-            problem(&GOOD.replace("\"version\": 1", "\"version\": \"1\"")),
+            problem(&GOOD.replace("\"version\": 2", "\"version\": \"2\"")),
             TuningProblem::Malformed { .. }
         ));
         assert_eq!(
@@ -787,7 +1229,7 @@ mod tests {
         let t = TuningTable::from_json(&GOOD.replace("\"two_shot\": 8388608", "\"two_shot\": null")).unwrap();
         assert_eq!(t.get(DType::F32, 2).unwrap().two_shot_max_bytes, None);
         let v: serde_json::Value = serde_json::from_str(GOOD).unwrap();
-        for top in ["measured", "crossovers"] {
+        for top in ["measured", "crossovers", "fused"] {
             let mut cut = v.clone();
             cut.as_object_mut().unwrap().remove(top);
             assert_eq!(
@@ -804,5 +1246,37 @@ mod tests {
             problem(&GOOD.replace("\"one_shot\": 4096", "\"one_shot\": -1")),
             TuningProblem::Malformed { .. }
         ));
+    }
+
+    #[test]
+    fn the_fused_problems_display_in_human_form() {
+        for problem in [
+            TuningProblem::UnknownFusedAlgorithm {
+                at: "fused[0].max_tokens.two_shot".into(),
+                name: "two_shot".into(),
+            },
+            TuningProblem::BadHidden {
+                at: "fused[1].hidden".into(),
+                dtype: DType::F32,
+                hidden: 7166,
+            },
+            TuningProblem::DuplicateFused {
+                dtype: DType::BF16,
+                world: 8,
+                hidden: 8192,
+            },
+            TuningProblem::WrongVersion {
+                found: 3,
+                supported: TUNING_VERSION,
+            },
+        ] {
+            let text = Error::InvalidTuning {
+                table: "t.json".into(),
+                problem,
+            }
+            .to_string();
+            assert!(!text.contains('{') && !text.contains('}'), "{text}");
+            assert!(!text.contains("   "), "{text}");
+        }
     }
 }

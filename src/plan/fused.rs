@@ -6,7 +6,7 @@
 use super::explain::{explain, PathDecision};
 use super::grid::grid;
 use super::route::{PathFacts, Route, Rule, Target};
-use crate::config::{Algorithm, Config};
+use crate::config::{Algorithm, Config, FusedLimit};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::registry::Kernel;
@@ -96,7 +96,9 @@ fn fused_kernel(algorithm: Algorithm) -> Kernel {
 /// NCCL when asked for or configured, when there is no workspace, or (for `Auto` with a
 /// fallback) above `nccl_above_bytes` or the capacity: the all-reduce then runs on NCCL and
 /// the unfused epilogue kernel follows. Otherwise `Auto` takes the fused one-shot up to the
-/// one-shot limit of the world size (one rank: always) and the fused two-shot above it.
+/// limit of [`Config::fused_limit`] (the tuning table's fused token limit for the nearest
+/// measured hidden size, else the all-reduce's one-shot limit in bytes; one rank: always) and
+/// the fused two-shot above it.
 pub(crate) fn route_fused(
     tokens: usize,
     hidden: usize,
@@ -157,7 +159,11 @@ pub(crate) fn route_fused(
     }
     let (algorithm, rule) = match (requested, config.algorithm) {
         (Algorithm::Auto, Algorithm::Auto) => {
-            let one_shot = facts.world == 1 || bytes <= config.one_shot_limit(dtype, facts.world);
+            let one_shot = facts.world == 1
+                || match config.fused_limit(dtype, facts.world, hidden) {
+                    FusedLimit::Bytes(max) => bytes <= max,
+                    FusedLimit::Tokens { max, .. } => tokens <= max,
+                };
             let a = if one_shot {
                 Algorithm::OneShot
             } else {
@@ -178,14 +184,34 @@ pub(crate) fn route_fused(
     })
 }
 
-/// The sentence for a fused route: the all-reduce's sentence, prefixed with what runs.
+/// The sentence for a fused route of `tokens` rows of `hidden`: the all-reduce's sentence (or,
+/// where the tuning table's fused entry decided, its token limit), prefixed with what runs.
 pub(crate) fn explain_fused(
     route: &Route,
+    (tokens, hidden): (usize, usize),
     requested: Algorithm,
     config: &Config,
     facts: PathFacts<'_>,
 ) -> PathDecision {
     let mut d = explain(route, requested, config, facts);
+    if let (
+        Rule::Size,
+        true,
+        FusedLimit::Tokens {
+            max,
+            hidden: measured,
+        },
+    ) = (
+        route.rule,
+        facts.world > 1,
+        config.fused_limit(route.dtype, facts.world, hidden),
+    ) {
+        let cmp = if tokens <= max { "<=" } else { ">" };
+        d.reason = format!(
+            "{tokens} tokens {cmp} fused one-shot limit ({max} tokens, from the tuning table's entry for \
+             hidden {measured})"
+        );
+    }
     let what = match route.target {
         Target::Kernel(Kernel::FusedTwoShot, _) => {
             "fused all-reduce + residual + RMSNorm, two-shot (reduction split by rows across ranks)"
@@ -316,7 +342,7 @@ mod tests {
         // Low-latency has no fused kernel.
         let r = route_fused(1, 1024, DType::BF16, &c, Algorithm::LowLatency, f).unwrap();
         assert!(matches!(r.target, Target::Kernel(Kernel::FusedOneShot, _)));
-        let d = explain_fused(&r, Algorithm::LowLatency, &c, f);
+        let d = explain_fused(&r, (1, 1024), Algorithm::LowLatency, &c, f);
         assert!(d.reason.contains("no fused low-latency kernel"), "{}", d.reason);
         // The unfused kernel takes any grid.
         assert_eq!(grid(Kernel::RmsNorm, 512, DType::BF16, 8, WIDE).blocks, 512);
@@ -332,7 +358,7 @@ mod tests {
         let without = facts(4, Err("no fallback"));
         let r = route_fused(512, 8192, DType::BF16, &c, Algorithm::Auto, with).unwrap();
         assert_eq!(r.target, Target::Nccl);
-        let d = explain_fused(&r, Algorithm::Auto, &c, with);
+        let d = explain_fused(&r, (512, 8192), Algorithm::Auto, &c, with);
         assert!(d.reason.starts_with("NCCL all-reduce, then"), "{}", d.reason);
         assert!(matches!(
             route_fused(512, 8192, DType::BF16, &c, Algorithm::Auto, without),
@@ -346,6 +372,7 @@ mod tests {
         assert_eq!(r.target, Target::Nccl);
         let d = explain_fused(
             &route_fused(1, 8192, DType::F16, &c, Algorithm::Auto, with).unwrap(),
+            (1, 8192),
             Algorithm::Auto,
             &c,
             with,
@@ -356,5 +383,84 @@ mod tests {
             "{}",
             d.reason
         );
+    }
+
+    /// A table whose only fused entries are bf16 at W=8: one-shot up to 4 tokens at hidden
+    /// 4096, up to 64 at 8192 (no all-reduce entries).
+    fn fused_table() -> crate::config::TuningTable {
+        use crate::config::{FusedCrossovers, Measured, TuningTable};
+        let entry = |hidden, one_shot_max_tokens| FusedCrossovers {
+            dtype: DType::BF16,
+            world: 8,
+            hidden,
+            one_shot_max_tokens,
+        };
+        TuningTable::new(Measured::default(), vec![])
+            .unwrap()
+            .with_fused(vec![entry(4096, 4), entry(8192, 64)])
+            .unwrap()
+    }
+
+    fn auto(tokens: usize, hidden: usize, dtype: DType, c: &Config, world: usize) -> Kernel {
+        match route_fused(tokens, hidden, dtype, c, Algorithm::Auto, facts(world, Ok(())))
+            .unwrap()
+            .target
+        {
+            Target::Kernel(k, _) => k,
+            Target::Nccl => panic!("{tokens}x{hidden}: NCCL"),
+        }
+    }
+
+    #[test]
+    fn a_loaded_table_moves_the_fused_auto_choice() {
+        let published = Config::default();
+        let tuned = Config::default().with_tuning(fused_table());
+        // 8192 × 32 bf16 = 512 KiB: above the published 256 KiB at W=8 (two-shot); the table
+        // keeps one-shot up to 64 tokens.
+        assert_eq!(auto(32, 8192, DType::BF16, &published, 8), Kernel::FusedTwoShot);
+        assert_eq!(auto(32, 8192, DType::BF16, &tuned, 8), Kernel::FusedOneShot);
+        assert_eq!(auto(64, 8192, DType::BF16, &tuned, 8), Kernel::FusedOneShot);
+        assert_eq!(auto(65, 8192, DType::BF16, &tuned, 8), Kernel::FusedTwoShot);
+        // 4096 × 8 bf16 = 64 KiB: one-shot by the published rule, two-shot by the table.
+        assert_eq!(auto(8, 4096, DType::BF16, &published, 8), Kernel::FusedOneShot);
+        assert_eq!(auto(8, 4096, DType::BF16, &tuned, 8), Kernel::FusedTwoShot);
+        assert_eq!(auto(4, 4096, DType::BF16, &tuned, 8), Kernel::FusedOneShot);
+        // An unmeasured hidden size takes the nearest entry: 7168 -> 8192, 5120 -> 4096.
+        assert_eq!(auto(64, 7168, DType::BF16, &tuned, 8), Kernel::FusedOneShot);
+        assert_eq!(auto(5, 5120, DType::BF16, &tuned, 8), Kernel::FusedTwoShot);
+        // Another dtype or world: the published rule (f16 8192 × 32 = 512 KiB > 256 KiB;
+        // W=4: bf16 8192 × 32 = 512 KiB <= 512 KiB).
+        assert_eq!(auto(32, 8192, DType::F16, &tuned, 8), Kernel::FusedTwoShot);
+        assert_eq!(auto(32, 8192, DType::BF16, &tuned, 4), Kernel::FusedOneShot);
+        assert_eq!(auto(33, 8192, DType::BF16, &tuned, 4), Kernel::FusedTwoShot);
+        // One rank: always the one-shot copy.
+        assert_eq!(auto(512, 8192, DType::BF16, &tuned, 1), Kernel::FusedOneShot);
+        // The explicit field wins over the table.
+        let explicit = Config {
+            one_shot_max_bytes: Some(16 << 10),
+            ..tuned.clone()
+        };
+        assert_eq!(auto(2, 8192, DType::BF16, &explicit, 8), Kernel::FusedTwoShot);
+        // A forced algorithm is not moved, and the table does not route to NCCL.
+        let r = route_fused(1, 8192, DType::BF16, &tuned, Algorithm::TwoShot, facts(8, Ok(()))).unwrap();
+        assert!(matches!(r.target, Target::Kernel(Kernel::FusedTwoShot, _)));
+        let r = route_fused(512, 8192, DType::BF16, &tuned, Algorithm::Auto, facts(8, Ok(()))).unwrap();
+        assert!(matches!(r.target, Target::Kernel(Kernel::FusedTwoShot, _)));
+        // The sentence names the token limit and the measured hidden size it came from.
+        let f = facts(8, Ok(()));
+        let why = |tokens, hidden, c: &Config| {
+            let r = route_fused(tokens, hidden, DType::BF16, c, Algorithm::Auto, f).unwrap();
+            explain_fused(&r, (tokens, hidden), Algorithm::Auto, c, f).reason
+        };
+        assert_eq!(
+            why(32, 7168, &tuned),
+            "fused all-reduce + residual + RMSNorm, one-shot: 32 tokens <= fused one-shot limit \
+             (64 tokens, from the tuning table's entry for hidden 8192)"
+        );
+        assert!(why(65, 8192, &tuned).ends_with(
+            "65 tokens > fused one-shot limit (64 tokens, from the tuning table's entry for hidden 8192)"
+        ));
+        assert!(why(32, 8192, &published).ends_with("524288 bytes > one-shot limit (262144)"));
+        assert!(why(2, 8192, &explicit).contains("bytes > one-shot limit (16384)"));
     }
 }

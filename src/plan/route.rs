@@ -285,7 +285,24 @@ mod tests {
                 });
             }
         }
-        let table = crate::config::TuningTable::new(crate::config::Measured::default(), entries).unwrap();
+        // And fused entries at three hidden sizes for each (the fused call scans them).
+        let mut fused = Vec::new();
+        for dtype in DType::ALL {
+            for world in 1..=MAX_RANKS {
+                for hidden in [4096, 7168, 8192] {
+                    fused.push(crate::config::FusedCrossovers {
+                        dtype,
+                        world,
+                        hidden,
+                        one_shot_max_tokens: hidden / 512,
+                    });
+                }
+            }
+        }
+        let table = crate::config::TuningTable::new(crate::config::Measured::default(), entries)
+            .unwrap()
+            .with_fused(fused)
+            .unwrap();
         let tuned = Config::default().with_tuning(table);
         for config in [with_threshold, tuned] {
             routes_without_allocating(&config);
@@ -330,6 +347,14 @@ mod tests {
                             }
                             if let Ok(r) = route(kind, len, dtype, config, algo, facts) {
                                 sink += r.bytes + matches!(r.target, Target::Nccl) as usize;
+                            }
+                        }
+                        // The fused call, whose Auto scans the table's fused entries.
+                        for (tokens, hidden) in [(1, 4096), (12, 5120), (40, 8192), (512, 16384)] {
+                            if let Ok(r) =
+                                super::super::fused::route_fused(tokens, hidden, dtype, config, algo, facts)
+                            {
+                                sink += r.bytes;
                             }
                         }
                     }

@@ -156,9 +156,23 @@ mod tests {
     /// rank, each with the typed error naming a rank that disagrees with it.
     #[test]
     fn ranks_disagreeing_on_the_tuning_table_fail_on_every_rank() {
-        let same = Config::default().with_tuning(table(1 << 20));
         let other = Config::default().with_tuning(table(2 << 20));
-        for (odd_one, odd_config) in [(2usize, other.clone()), (0, Config::default())] {
+        // The same all-reduce crossovers, another fused one-shot limit.
+        let fused = |one_shot_max_tokens| crate::config::FusedCrossovers {
+            dtype: crate::dtype::DType::F32,
+            world: 3,
+            hidden: 4096,
+            one_shot_max_tokens,
+        };
+        let same = Config::default().with_tuning(table(1 << 20).with_fused(vec![fused(8)]).unwrap());
+        let other_fused = Config::default().with_tuning(table(1 << 20).with_fused(vec![fused(9)]).unwrap());
+        let no_fused = Config::default().with_tuning(table(1 << 20));
+        for (odd_one, odd_config) in [
+            (2usize, other.clone()),
+            (0, Config::default()),
+            (1, other_fused),
+            (2, no_fused),
+        ] {
             let configs: Vec<Config> = (0..3)
                 .map(|r| {
                     if r == odd_one {

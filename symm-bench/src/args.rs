@@ -156,7 +156,9 @@ pub struct Args {
     /// Measure where each algorithm wins on this machine and write a tuning table
     /// (`Config::with_tuning_file`, `SYMM_ALLREDUCE_TUNING`) to OUT_JSON [default:
     /// tuning.json]: W = 2, 4, ... up to --world, each --dtype, low_latency / one_shot /
-    /// two_shot (and NCCL with one rank per GPU), graph_amortised timing. See README.
+    /// two_shot (and NCCL with one rank per GPU), and the fused all-reduce + residual +
+    /// RMSNorm call's one-shot / two-shot (hidden 4096, 7168, 8192; 1..512 tokens),
+    /// graph_amortised timing. See README.
     #[arg(long, value_name = "OUT_JSON", num_args = 0..=1, default_missing_value = "tuning.json")]
     pub tune: Option<PathBuf>,
     /// Collectives measured at each size: all_reduce (the --algos rows), all_gather and

@@ -1,6 +1,9 @@
 //! The GPU side: placement, communicators, buffers, verification and the timed rows.
 
 mod collectives;
+mod fused;
+
+pub use fused::FUSED_ALGOS;
 
 use std::sync::Arc;
 

@@ -34,11 +34,14 @@ pub struct Row {
     pub busbw_gbs: f64,
     pub hbm_gbs: f64,
     pub vs_nccl: Option<f64>,
+    /// The fused call's row length (`count` is tokens × hidden); empty for other rows.
+    #[serde(default)]
+    pub hidden: Option<usize>,
 }
 
 /// CSV header, in `Row` field order.
 pub const CSV_HEADER: &str = "dtype,mode,algo,kernel,placement,world,blocks,size_bytes,count,time_us,p10_us,\
-p90_us,samples,empty_us,over_empty_us,host_us,empty_host_us,algbw_gbs,busbw_gbs,hbm_gbs,vs_nccl";
+p90_us,samples,empty_us,over_empty_us,host_us,empty_host_us,algbw_gbs,busbw_gbs,hbm_gbs,vs_nccl,hidden";
 
 /// algbw = S / t, in GB/s (10^9 bytes per second), for `bytes` and `us` microseconds.
 pub fn algbw_gbs(bytes: usize, us: f64) -> f64 {
@@ -66,10 +69,10 @@ impl Row {
         self
     }
 
-    /// Whether this row times an all-gather or a reduce-scatter (not compared with the NCCL
-    /// all-reduce rows).
-    pub fn is_other_collective(&self) -> bool {
-        matches!(self.algo.as_str(), "all_gather" | "reduce_scatter")
+    /// Whether this row times an all-gather, a reduce-scatter or the fused call (not
+    /// compared with the NCCL all-reduce rows).
+    pub fn is_other_call(&self) -> bool {
+        self.hidden.is_some() || matches!(self.algo.as_str(), "all_gather" | "reduce_scatter")
     }
 
     /// Whether this is the NCCL baseline.
@@ -118,10 +121,7 @@ pub fn fill_nccl_ratios(rows: &mut [Row]) {
         .filter(|r| r.is_nccl())
         .map(|r| (r.dtype.clone(), r.mode, r.size_bytes, r.time_us))
         .collect();
-    for r in rows
-        .iter_mut()
-        .filter(|r| !r.is_nccl() && !r.is_other_collective())
-    {
+    for r in rows.iter_mut().filter(|r| !r.is_nccl() && !r.is_other_call()) {
         r.vs_nccl = nccl
             .iter()
             .find(|(d, m, s, _)| *d == r.dtype && *m == r.mode && *s == r.size_bytes)
@@ -354,8 +354,14 @@ pub(crate) mod tests {
         assert_eq!(
             lines[1],
             "bf16,graph_amortised,auto,one_shot,virtual,8,2,8192,4096,6.25,5.625,6.875,200,3.0,\
-             3.25,2.5,,1.3107,2.2938,20.9715,"
+             3.25,2.5,,1.3107,2.2938,20.9715,,"
         );
+        let fused = Row {
+            algo: "fused_one_shot".into(),
+            hidden: Some(4096),
+            ..r.clone()
+        };
+        assert!(csv(&[fused]).unwrap().trim_end().ends_with(",4096"));
         assert!(lines[2].contains(",nccl,nccl,virtual,1,,8192,"), "{}", lines[2]);
         for l in &lines {
             assert_eq!(l.split(',').count(), CSV_HEADER.split(',').count(), "{l}");

@@ -7,22 +7,27 @@
 //! two-shot (and NCCL where it can run W ranks: one rank per GPU) with the sweep's own timing
 //! code (graph_amortised: one CUDA graph of 10 all-reduces per rank, median per all-reduce),
 //! every row verified against the f64 sum first. The crossovers are then read off the
-//! medians in routing order ([`crossovers`]): each algorithm keeps the sizes up to the first
-//! one where the best of the later algorithms is faster by more than [`HYSTERESIS`] and stays
-//! no slower at the next size.
+//! medians in routing order ([`crossovers`]): between an algorithm and the best of the later
+//! ones, the threshold is the measured size that minimises the summed relative slowdown over
+//! the whole sweep, slowdowns under [`NOISE`] counting as none. Measured curves cross more
+//! than once where grid sizes step (one algorithm gains a block at 6 KiB, the other at
+//! 12 KiB): a first-crossing rule would follow the first step, this one follows the sweep.
 //!
-//! Extension point (issue 14, item 1): the fused all-reduce + residual + RMSNorm call is not
-//! in the library yet; when it is, time it per algorithm here beside the plain all-reduce and
-//! write its crossovers into the table's next format version. Nothing here measures it now.
+//! The fused all-reduce + residual + RMSNorm call is timed beside it, per world and dtype: the
+//! fused one-shot and two-shot at each hidden size of [`FUSED_HIDDEN`] and each token count of
+//! [`fused_tokens`], every row verified bit for bit against the unfused pair first, with the
+//! same graph timing. Its crossover per (dtype, world, hidden) is the largest token count the
+//! fused one-shot keeps, by the same least-summed-slowdown rule ([`fused_crossover`]); it goes
+//! into the table's `fused` section.
 
 use std::path::Path;
 use std::process::ExitCode;
 
 use indicatif::ProgressBar;
-use symm_allreduce::{Config, Crossovers, DType, Measured, TuningTable};
+use symm_allreduce::{Config, Crossovers, DType, FusedCrossovers, Measured, TuningTable};
 
 use crate::args::{format_size, AlgoChoice, Args, Mode, RunPlan, SizeSpec, ONE_SHOT_SWEEP_MAX};
-use crate::bench::{self, Bench, Placement};
+use crate::bench::{self, Bench, Placement, FUSED_ALGOS};
 use crate::report::{self, Meta, Row};
 use crate::{timing, Stop};
 
@@ -32,9 +37,10 @@ const MIB: usize = 1 << 20;
 /// Low-latency is timed up to this size (its slots are sized for it).
 pub const LL_TUNE_MAX: usize = 256 * KIB;
 
-/// A later algorithm takes over only where it is faster by more than this fraction (and is
-/// not slower by more than it at the next size): measurement noise does not move a crossover.
-pub const HYSTERESIS: f64 = 0.05;
+/// Relative slowdowns below this count as none (the medians' p10..p90 spread is about ±1-2%
+/// here): noise alone never buys a threshold, and one noisy size moves the sum by no more
+/// than its own error.
+pub const NOISE: f64 = 0.02;
 
 /// The tuning sweep: 2^k and 3·2^(k-1) bytes, 1 KiB..32 MiB (two sizes per octave).
 pub fn tune_sizes() -> Vec<usize> {
@@ -59,6 +65,17 @@ fn sizes_between(lo: usize, hi: usize) -> Vec<usize> {
     v
 }
 
+/// The hidden sizes the fused call is tuned at (Llama 3 8B and Mixtral 4096, DeepSeek-V3
+/// 7168, Llama 3 70B 8192); the library applies the nearest one to other sizes.
+pub const FUSED_HIDDEN: [usize; 3] = [4096, 7168, 8192];
+
+/// The fused call's token counts: 1, 2, 3, 4, 6, 8, ... 384, 512 (two per octave).
+pub fn fused_tokens() -> Vec<usize> {
+    let mut v = vec![1];
+    v.extend(sizes_between(2, 512));
+    v
+}
+
 /// The worlds `--tune` measures: 2, 4, 8, ... up to `max`, and `max` itself (1 alone for 1).
 pub fn tune_worlds(max: usize) -> Vec<usize> {
     let mut v: Vec<usize> = std::iter::successors(Some(2usize), |w| Some(w * 2))
@@ -80,39 +97,50 @@ pub struct Point {
     pub nccl: Option<f64>,
 }
 
-/// How far the earlier algorithm of a pair keeps winning.
+/// Where the earlier algorithm of a pair should hand over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum LastWin {
+enum Split {
     /// No size to compare.
     Unmeasured,
-    /// The later algorithm wins from the first size on.
+    /// The later algorithm from the first size on.
     Never,
-    /// The earlier one wins up to this size, the later one (confirmed) from the next.
+    /// The earlier one up to this size, the later one above.
     At(usize),
-    /// The earlier one wins at every size measured, up to this one.
+    /// The earlier one at every size measured, up to this one.
     Throughout(usize),
 }
 
-/// Scans `(size, earlier, later)` upwards for the first size where `later` is faster by more
-/// than `margin` and the next size (if any) does not clearly reverse it.
-fn last_win(points: &[(usize, f64, f64)], margin: f64) -> LastWin {
-    for (i, &(_, early, late)) in points.iter().enumerate() {
-        if late < early * (1.0 - margin) {
-            let confirmed = points
-                .get(i + 1)
-                .is_none_or(|&(_, e2, l2)| l2 <= e2 * (1.0 + margin));
-            if confirmed {
-                return if i == 0 {
-                    LastWin::Never
+/// The split of `(size, earlier, later)` points (ascending) that minimises the summed relative
+/// slowdown, `max(0, chosen / other - 1 - noise)`, of giving the first k sizes to the earlier
+/// algorithm and the rest to the later one; ties go to the smallest k.
+fn best_split(points: &[(usize, f64, f64)], noise: f64) -> Split {
+    if points.is_empty() {
+        return Split::Unmeasured;
+    }
+    let slow = |chosen: f64, other: f64| (chosen / other - 1.0 - noise).max(0.0);
+    let mut best = (f64::INFINITY, 0usize);
+    for k in 0..=points.len() {
+        let cost: f64 = points
+            .iter()
+            .enumerate()
+            .map(|(i, &(_, early, late))| {
+                if i < k {
+                    slow(early, late)
                 } else {
-                    LastWin::At(points[i - 1].0)
-                };
-            }
+                    slow(late, early)
+                }
+            })
+            .sum();
+        // Strictly better only (ties keep the smaller k); 1e-12 absorbs rounding of the sums.
+        if cost < best.0 - 1e-12 {
+            best = (cost, k);
         }
     }
-    points
-        .last()
-        .map_or(LastWin::Unmeasured, |p| LastWin::Throughout(p.0))
+    match best.1 {
+        0 => Split::Never,
+        k if k == points.len() => Split::Throughout(points[k - 1].0),
+        k => Split::At(points[k - 1].0),
+    }
 }
 
 fn min_of(a: Option<f64>, b: Option<f64>) -> Option<f64> {
@@ -122,9 +150,6 @@ fn min_of(a: Option<f64>, b: Option<f64>) -> Option<f64> {
         (None, y) => y,
     }
 }
-
-/// [`Found`] for one (dtype, world).
-pub type FoundFor = (DType, usize, Found);
 
 /// What [`crossovers`] found for one (dtype, world).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,7 +166,7 @@ pub struct Found {
 /// of the later algorithms, then one-shot (above low-latency's range) against the best of
 /// two-shot and NCCL, then two-shot against NCCL. `None` when low-latency or one-shot has no
 /// size to compare (then there is nothing to write).
-pub fn crossovers(points: &[Point], margin: f64) -> Option<Found> {
+pub fn crossovers(points: &[Point], noise: f64) -> Option<Found> {
     let mut notes = Vec::new();
     let pairs = |f: &dyn Fn(&Point) -> Option<(f64, f64)>, above: usize| -> Vec<(usize, f64, f64)> {
         points
@@ -154,11 +179,11 @@ pub fn crossovers(points: &[Point], margin: f64) -> Option<Found> {
         &|p| Some((p.low_latency?, min_of(min_of(p.one_shot, p.two_shot), p.nccl)?)),
         0,
     );
-    let low_latency_max = match last_win(&ll, margin) {
-        LastWin::Unmeasured => return None,
-        LastWin::Never => 0,
-        LastWin::At(s) => s,
-        LastWin::Throughout(s) => {
+    let low_latency_max = match best_split(&ll, noise) {
+        Split::Unmeasured => return None,
+        Split::Never => 0,
+        Split::At(s) => s,
+        Split::Throughout(s) => {
             notes.push(format!(
                 "low_latency won up to its largest measured size ({})",
                 format_size(s)
@@ -170,11 +195,11 @@ pub fn crossovers(points: &[Point], margin: f64) -> Option<Found> {
         &|p| Some((p.one_shot?, min_of(p.two_shot, p.nccl)?)),
         low_latency_max,
     );
-    let one_shot_max = match last_win(&os, margin) {
-        LastWin::Unmeasured => return None,
-        LastWin::Never => low_latency_max,
-        LastWin::At(s) => s,
-        LastWin::Throughout(s) => {
+    let one_shot_max = match best_split(&os, noise) {
+        Split::Unmeasured => return None,
+        Split::Never => low_latency_max,
+        Split::At(s) => s,
+        Split::Throughout(s) => {
             notes.push(format!(
                 "one_shot won up to the largest size compared ({}); two-shot assumed above",
                 format_size(s)
@@ -183,10 +208,10 @@ pub fn crossovers(points: &[Point], margin: f64) -> Option<Found> {
         }
     };
     let ts = pairs(&|p| Some((p.two_shot?, p.nccl?)), one_shot_max);
-    let two_shot_max = match last_win(&ts, margin) {
-        LastWin::Unmeasured | LastWin::Throughout(_) => None,
-        LastWin::Never => Some(one_shot_max),
-        LastWin::At(s) => Some(s),
+    let two_shot_max = match best_split(&ts, noise) {
+        Split::Unmeasured | Split::Throughout(_) => None,
+        Split::Never => Some(one_shot_max),
+        Split::At(s) => Some(s),
     };
     Some(Found {
         low_latency_max,
@@ -196,14 +221,13 @@ pub fn crossovers(points: &[Point], margin: f64) -> Option<Found> {
     })
 }
 
-/// The points of one (dtype, world) from graph_amortised rows, sorted by size.
+/// The points of one (dtype, world) from graph_amortised all-reduce rows, sorted by size.
 pub fn points(rows: &[Row], dtype: DType, world: usize) -> Vec<Point> {
     let mut pts: Vec<Point> = Vec::new();
     // NCCL rows count only where NCCL ran all W ranks (not NCCL on one GPU, world 1).
-    for r in rows
-        .iter()
-        .filter(|r| r.dtype == dtype.name() && r.mode == Mode::GraphAmortised && r.world == world)
-    {
+    for r in rows.iter().filter(|r| {
+        r.dtype == dtype.name() && r.mode == Mode::GraphAmortised && r.world == world && r.hidden.is_none()
+    }) {
         let i = match pts.iter().position(|p| p.size == r.size_bytes) {
             Some(i) => i,
             None => {
@@ -227,19 +251,76 @@ pub fn points(rows: &[Row], dtype: DType, world: usize) -> Vec<Point> {
     pts
 }
 
-/// The table from measured rows (one entry per (dtype, world) that has points), with the
-/// notes on what could not be decided.
+/// Whether `r` is a graph_amortised fused row of (dtype, world).
+fn is_fused_row(r: &Row, dtype: DType, world: usize) -> bool {
+    r.hidden.is_some() && r.dtype == dtype.name() && r.mode == Mode::GraphAmortised && r.world == world
+}
+
+/// The hidden sizes the fused rows of (dtype, world) were measured at, ascending.
+pub fn fused_hidden_sizes(rows: &[Row], dtype: DType, world: usize) -> Vec<usize> {
+    let mut v: Vec<usize> = rows
+        .iter()
+        .filter(|r| is_fused_row(r, dtype, world))
+        .filter_map(|r| r.hidden)
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// The fused call's medians at one (dtype, world, hidden): `(tokens, one-shot µs, two-shot
+/// µs)` at every token count where both ran, ascending.
+pub fn fused_points(rows: &[Row], dtype: DType, world: usize, hidden: usize) -> Vec<(usize, f64, f64)> {
+    let [(_, one_shot), (_, two_shot)] = FUSED_ALGOS;
+    let here: Vec<&Row> = rows
+        .iter()
+        .filter(|r| is_fused_row(r, dtype, world) && r.hidden == Some(hidden))
+        .collect();
+    let time = |algo: &str, count: usize| {
+        here.iter()
+            .find(|r| r.algo == algo && r.count == count)
+            .map(|r| r.time_us)
+    };
+    let mut counts: Vec<usize> = here.iter().map(|r| r.count).collect();
+    counts.sort_unstable();
+    counts.dedup();
+    counts
+        .into_iter()
+        .filter_map(|c| Some((c / hidden, time(one_shot, c)?, time(two_shot, c)?)))
+        .collect()
+}
+
+/// The largest token count the fused one-shot keeps (two-shot above), from
+/// [`fused_points`], with a note where the one-shot won throughout; `None` without points.
+pub fn fused_crossover(points: &[(usize, f64, f64)], noise: f64) -> Option<(usize, Option<String>)> {
+    match best_split(points, noise) {
+        Split::Unmeasured => None,
+        Split::Never => Some((0, None)),
+        Split::At(t) => Some((t, None)),
+        Split::Throughout(t) => Some((
+            t,
+            Some(format!(
+                "the fused one-shot won up to the largest token count measured ({t}); two-shot assumed above"
+            )),
+        )),
+    }
+}
+
+/// The table from measured rows (one entry per (dtype, world) that has points, one fused
+/// entry per (dtype, world, hidden) that has fused points), with the notes on what could not
+/// be decided.
 pub fn table_from_rows(
     rows: &[Row],
     dtypes: &[DType],
     worlds: &[usize],
     measured: Measured,
-) -> Result<(TuningTable, Vec<FoundFor>), symm_allreduce::Error> {
+) -> Result<(TuningTable, Vec<String>), symm_allreduce::Error> {
     let mut entries = Vec::new();
-    let mut found = Vec::new();
+    let mut fused = Vec::new();
+    let mut notes = Vec::new();
     for &dtype in dtypes {
         for &world in worlds {
-            if let Some(f) = crossovers(&points(rows, dtype, world), HYSTERESIS) {
+            if let Some(f) = crossovers(&points(rows, dtype, world), NOISE) {
                 entries.push(Crossovers {
                     dtype,
                     world,
@@ -247,23 +328,36 @@ pub fn table_from_rows(
                     one_shot_max_bytes: f.one_shot_max,
                     two_shot_max_bytes: f.two_shot_max,
                 });
-                found.push((dtype, world, f));
+                notes.extend(f.notes.iter().map(|n| format!("{dtype} W={world}: {n}")));
+            }
+            for hidden in fused_hidden_sizes(rows, dtype, world) {
+                let points = fused_points(rows, dtype, world, hidden);
+                if let Some((one_shot_max_tokens, note)) = fused_crossover(&points, NOISE) {
+                    fused.push(FusedCrossovers {
+                        dtype,
+                        world,
+                        hidden,
+                        one_shot_max_tokens,
+                    });
+                    notes.extend(note.map(|n| format!("{dtype} W={world} hidden {hidden}: {n}")));
+                }
             }
         }
     }
-    Ok((TuningTable::new(measured, entries)?, found))
+    let table = TuningTable::new(measured, entries)?.with_fused(fused)?;
+    Ok((table, notes))
 }
 
 /// The summary printed at the end (and pasted into the README).
-pub fn summary(table: &TuningTable, found: &[FoundFor]) -> String {
+pub fn summary(table: &TuningTable, notes: &[String]) -> String {
     let m = table.measured();
     let mut s = format!(
-        "# Measured crossovers: {} (driver {}, {} ranks), {} graph_amortised medians, {:.0}% hysteresis\n",
+        "# Measured crossovers: {} (driver {}, {} ranks), {}; graph_amortised medians, least summed slowdown, {:.0}% noise band\n",
         m.device,
         m.driver,
         m.placement,
         m.date,
-        HYSTERESIS * 100.0
+        NOISE * 100.0
     );
     s += &format!(
         "# {:<5} {:>5}  {:>13} {:>11} {:>11}   | published: {:>13} {:>11}\n",
@@ -283,9 +377,48 @@ pub fn summary(table: &TuningTable, found: &[FoundFor]) -> String {
         );
     }
     s += "# two_shot<= '-': two-shot up to the capacity (NCCL not measured, or never faster)\n";
-    for (dtype, world, f) in found {
-        for n in &f.notes {
-            s += &format!("# note: {dtype} W={world}: {n}\n");
+    if !table.fused_entries().is_empty() {
+        s += "# Fused all-reduce + residual + RMSNorm: the largest token count of the fused one-shot (two-shot above)\n";
+        s += &format!(
+            "# {:<5} {:>5} {:>6}  {:>10}   | published: {:>10}\n",
+            "dtype", "world", "hidden", "one_shot<=", "one_shot<="
+        );
+        for f in table.fused_entries() {
+            let published = published.one_shot_limit(f.dtype, f.world) / (f.hidden * f.dtype.size());
+            s += &format!(
+                "  {:<5} {:>5} {:>6}  {:>10}   | {:>21}\n",
+                f.dtype.name(),
+                f.world,
+                f.hidden,
+                f.one_shot_max_tokens,
+                published
+            );
+        }
+        s += "# (tokens; published: the all-reduce's one-shot limit in bytes, as tokens at that hidden size)\n";
+    }
+    for n in notes {
+        s += &format!("# note: {n}\n");
+    }
+    s
+}
+
+/// The fused rows' medians (µs), one-shot over two-shot, per (dtype, world, hidden) and token
+/// count: what the fused crossovers were read from.
+pub fn fused_times(rows: &[Row], dtypes: &[DType], worlds: &[usize]) -> String {
+    let mut s = String::new();
+    for &dtype in dtypes {
+        for &world in worlds {
+            for hidden in fused_hidden_sizes(rows, dtype, world) {
+                let points = fused_points(rows, dtype, world, hidden);
+                if s.is_empty() {
+                    s += "# Fused call, graph_amortised medians in µs: one-shot / two-shot at each token count\n";
+                }
+                s += &format!("  {dtype} W={world} hidden {hidden}:");
+                for (t, one, two) in points {
+                    s += &format!(" {t}: {one:.1}/{two:.1}");
+                }
+                s += "\n";
+            }
         }
     }
     s
@@ -295,17 +428,17 @@ pub fn summary(table: &TuningTable, found: &[FoundFor]) -> String {
 fn driver_version() -> String {
     std::fs::read_to_string("/proc/driver/nvidia/version")
         .ok()
-        .and_then(|t| {
-            let line = t.lines().next()?.to_string();
-            let after = line
-                .split("Kernel Module")
-                .nth(1)?
-                .split_whitespace()
-                .next()?
-                .to_string();
-            Some(after)
-        })
+        .and_then(|t| parse_driver_version(t.lines().next()?))
         .unwrap_or_else(|| "unknown".to_string())
+}
+
+/// The version in the first line of `/proc/driver/nvidia/version` ("NVRM version: NVIDIA UNIX
+/// Open Kernel Module for x86_64  580.159.04  Release Build ..."): the first word made of
+/// digits and dots, with a dot.
+fn parse_driver_version(line: &str) -> Option<String> {
+    line.split_whitespace()
+        .find(|w| w.contains('.') && w.chars().all(|c| c.is_ascii_digit() || c == '.'))
+        .map(str::to_string)
 }
 
 /// Now, as RFC 3339 UTC (`2026-12-03T08:10:00Z`).
@@ -338,8 +471,8 @@ pub fn rfc3339(secs: u64) -> String {
 }
 
 /// Builds the table from the rows so far and writes it to `out` (after every world, so that
-/// a run cut short keeps what it measured). Returns the table, what was found, and the
-/// placement label.
+/// a run cut short keeps what it measured). Returns the table, the notes on what could not
+/// be decided, and the placement label.
 fn write_table(
     out: &Path,
     rows: &[Row],
@@ -347,7 +480,7 @@ fn write_table(
     placements: &[(usize, Placement)],
     sizes: &[usize],
     device_names: &[String],
-) -> Result<(TuningTable, Vec<FoundFor>, String), Stop> {
+) -> Result<(TuningTable, Vec<String>, String), Stop> {
     let worlds: Vec<usize> = placements.iter().map(|&(w, _)| w).collect();
     let virtual_worlds: Vec<String> = placements
         .iter()
@@ -360,11 +493,20 @@ fn write_table(
         _ => format!("per_gpu, virtual at W={}", virtual_worlds.join(",")),
     };
     let mut note = format!(
-        "symm-bench --tune: graph_amortised medians, {:.0}% hysteresis; sizes {}..{}",
-        HYSTERESIS * 100.0,
+        "symm-bench --tune: graph_amortised medians, thresholds of least summed slowdown ({:.0}% noise band); sizes {}..{}",
+        NOISE * 100.0,
         format_size(sizes[0]),
         format_size(*sizes.last().unwrap_or(&0))
     );
+    if rows.iter().any(|r| r.hidden.is_some()) {
+        let tokens = fused_tokens();
+        note += &format!(
+            "; fused all-reduce + residual + RMSNorm: hidden {} x tokens {}..{} (where they fit the capacity)",
+            FUSED_HIDDEN.map(|h| h.to_string()).join(","),
+            tokens[0],
+            tokens[tokens.len() - 1]
+        );
+    }
     if !virtual_worlds.is_empty() {
         note += &format!(
             "; W={} ran as virtual ranks (all ranks on one GPU): those crossovers reflect one GPU's memory \
@@ -380,14 +522,14 @@ fn write_table(
         placement: placement.clone(),
         note,
     };
-    let (table, found) = table_from_rows(rows, dtypes, &worlds, measured)
+    let (table, notes) = table_from_rows(rows, dtypes, &worlds, measured)
         .map_err(|e| Stop::Failed(format!("the measured crossovers do not make a table: {e}")))?;
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Stop::Failed(format!("{}: {e}", dir.display())))?;
     }
     std::fs::write(out, table.to_json()).map_err(|e| Stop::Failed(format!("{}: {e}", out.display())))?;
 
-    Ok((table, found, placement))
+    Ok((table, notes, placement))
 }
 
 /// `--tune OUT`: measure, write the table and the raw rows, print the summary.
@@ -524,6 +666,24 @@ pub fn run(args: &Args, out: &Path) -> Result<ExitCode, Stop> {
                     break 'world;
                 }
             }
+            for hidden in FUSED_HIDDEN {
+                let tokens: Vec<usize> = fused_tokens()
+                    .into_iter()
+                    .filter(|t| t * hidden * dtype.size() <= capacity)
+                    .collect();
+                let (r, f) = (&mut rows, &mut failures);
+                let done = match dtype {
+                    DType::BF16 => bench.fused_rows::<half::bf16>(&plan, hidden, &tokens, r, f, &pb),
+                    DType::F16 => bench.fused_rows::<half::f16>(&plan, hidden, &tokens, r, f, &pb),
+                    DType::F32 => bench.fused_rows::<f32>(&plan, hidden, &tokens, r, f, &pb),
+                };
+                if let Err(e) = done {
+                    let msg = format!("W={world} {dtype} fused, hidden {hidden}: {e}; W={world} stops here");
+                    eprintln!("symm-bench: {msg}");
+                    failures.push(msg);
+                    break 'world;
+                }
+            }
             eprintln!(
                 "symm-bench --tune: W={world} {dtype}: {:.1} s",
                 started.elapsed().as_secs_f64()
@@ -537,7 +697,7 @@ pub fn run(args: &Args, out: &Path) -> Result<ExitCode, Stop> {
         }
     }
 
-    let (table, found, placement) = write_table(out, &rows, &dtypes, &placements, &sizes, &device_names)?;
+    let (table, notes, placement) = write_table(out, &rows, &dtypes, &placements, &sizes, &device_names)?;
     meta.placement = placement;
     meta.devices = device_names;
     meta.capacity_bytes = sizes.last().copied().unwrap_or(0);
@@ -546,7 +706,8 @@ pub fn run(args: &Args, out: &Path) -> Result<ExitCode, Stop> {
     if let Err(e) = report::write_files(&args.out, &meta, &rows) {
         eprintln!("symm-bench: cannot write results to {}: {e}", args.out.display());
     }
-    print!("{}", summary(&table, &found));
+    print!("{}", fused_times(&rows, &dtypes, &worlds));
+    print!("{}", summary(&table, &notes));
     for n in &meta.notes {
         println!("# note: {n}");
     }
@@ -600,6 +761,67 @@ mod tests {
         }
     }
 
+    /// Synthetic fused curves over x = tokens · hidden / 8192: one-shot 5 µs + 0.5 µs per x,
+    /// two-shot 8 µs + 0.2 µs per x (equal at x = 10), every token count of the grid.
+    fn fused_rows_for(world: usize, hidden: usize) -> Vec<Row> {
+        let mut rows = Vec::new();
+        for t in fused_tokens() {
+            let x = (t * hidden) as f64 / 8192.0;
+            for (algo, us) in [
+                ("fused_one_shot", 5.0 + 0.5 * x),
+                ("fused_two_shot", 8.0 + 0.2 * x),
+            ] {
+                rows.push(Row {
+                    count: t * hidden,
+                    size_bytes: t * hidden * 2,
+                    hidden: Some(hidden),
+                    ..row(algo, world, t * hidden * 2, us)
+                });
+            }
+        }
+        rows
+    }
+
+    #[test]
+    fn fused_crossovers_follow_the_curves() {
+        assert_eq!(
+            fused_tokens(),
+            [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]
+        );
+        let mut rows = fused_rows_for(8, 8192);
+        rows.extend(fused_rows_for(8, 4096));
+        // The all-reduce's points ignore the fused rows, and the other way round.
+        assert!(points(&rows, DType::BF16, 8).is_empty());
+        assert!(fused_points(&rows_for(8, false, &|_| 1.0), DType::BF16, 8, 8192).is_empty());
+        assert_eq!(fused_hidden_sizes(&rows, DType::BF16, 8), [4096, 8192]);
+        assert!(fused_hidden_sizes(&rows, DType::BF16, 4).is_empty());
+        assert!(fused_hidden_sizes(&rows, DType::F16, 8).is_empty());
+        // x = 10: 8 tokens at 8192 (x = 8; 12 tokens is x = 12), 16 at 4096 (x = 8; 24 is 12).
+        let at = |hidden| fused_crossover(&fused_points(&rows, DType::BF16, 8, hidden), NOISE);
+        assert_eq!(at(8192), Some((8, None)));
+        assert_eq!(at(4096), Some((16, None)));
+        assert_eq!(at(7168), None);
+        // Eager rows are not read.
+        let eager: Vec<Row> = rows
+            .iter()
+            .map(|r| Row {
+                mode: Mode::Eager,
+                ..r.clone()
+            })
+            .collect();
+        assert!(fused_hidden_sizes(&eager, DType::BF16, 8).is_empty());
+        // One-shot throughout, or never.
+        let (t, note) = fused_crossover(&[(1, 5.0, 9.0), (2, 5.0, 9.0)], NOISE).unwrap();
+        assert_eq!(t, 2);
+        assert!(note.unwrap().contains("largest token count measured (2)"));
+        assert_eq!(fused_crossover(&[(1, 9.0, 5.0)], NOISE), Some((0, None)));
+        // A token count where only one algorithm ran is left out.
+        rows.retain(|r| !(r.count == 8192 * 3 && r.algo == "fused_two_shot"));
+        assert!(fused_points(&rows, DType::BF16, 8, 8192)
+            .iter()
+            .all(|&(t, ..)| t != 3));
+    }
+
     fn rows_for(world: usize, nccl: bool, noise: &dyn Fn(usize) -> f64) -> Vec<Row> {
         let mut rows = Vec::new();
         for (i, size) in tune_sizes().into_iter().enumerate() {
@@ -636,15 +858,14 @@ mod tests {
         // Exact crossovers of the model: ll = os at k = 5/(1/8 - 1/32) = 53.3 KiB; os = ts at
         // k = 5/(1/32 - 1/128) = 213 KiB; ts = nccl at k = 25/(1/128 - 1/512) = 4267 KiB.
         let rows = rows_for(8, true, &|_| 1.0);
-        let f = crossovers(&points(&rows, DType::BF16, 8), HYSTERESIS).unwrap();
-        // With 5% hysteresis the switch comes where the later one is 5% faster: the last
-        // size before it is the threshold.
+        let f = crossovers(&points(&rows, DType::BF16, 8), NOISE).unwrap();
+        // The threshold is the last measured size before each exact crossover.
         assert_eq!(f.low_latency_max, 48 * KIB);
         assert_eq!(f.one_shot_max, 192 * KIB);
         assert_eq!(f.two_shot_max, Some(4 * MIB));
         // Without NCCL there is no NCCL threshold.
         let rows = rows_for(8, false, &|_| 1.0);
-        let f = crossovers(&points(&rows, DType::BF16, 8), HYSTERESIS).unwrap();
+        let f = crossovers(&points(&rows, DType::BF16, 8), NOISE).unwrap();
         assert_eq!(
             (f.low_latency_max, f.one_shot_max, f.two_shot_max),
             (48 * KIB, 192 * KIB, None)
@@ -663,33 +884,41 @@ mod tests {
         {
             r.time_us *= 2.0;
         }
-        let a = crossovers(&points(&clean, DType::BF16, 4), HYSTERESIS).unwrap();
-        let b = crossovers(&points(&noisy, DType::BF16, 4), HYSTERESIS).unwrap();
+        let a = crossovers(&points(&clean, DType::BF16, 4), NOISE).unwrap();
+        let b = crossovers(&points(&noisy, DType::BF16, 4), NOISE).unwrap();
         assert_eq!(a, b);
         // A slowdown that hits every algorithm alike at some sizes (a clock change) moves
         // nothing: the algorithms are compared size by size.
         let slowed = rows_for(4, false, &|i| if i % 3 == 0 { 1.3 } else { 1.0 });
-        assert_eq!(
-            crossovers(&points(&slowed, DType::BF16, 4), HYSTERESIS).unwrap(),
-            a
-        );
+        assert_eq!(crossovers(&points(&slowed, DType::BF16, 4), NOISE).unwrap(), a);
     }
 
     #[test]
     fn edge_cases_of_the_scan() {
-        assert_eq!(last_win(&[], 0.05), LastWin::Unmeasured);
-        assert_eq!(last_win(&[(1, 10.0, 5.0), (2, 10.0, 5.0)], 0.05), LastWin::Never);
+        assert_eq!(best_split(&[], NOISE), Split::Unmeasured);
+        assert_eq!(best_split(&[(1, 10.0, 5.0), (2, 10.0, 5.0)], NOISE), Split::Never);
         assert_eq!(
-            last_win(&[(1, 5.0, 10.0), (2, 5.0, 10.0)], 0.05),
-            LastWin::Throughout(2)
+            best_split(&[(1, 5.0, 10.0), (2, 5.0, 10.0)], NOISE),
+            Split::Throughout(2)
         );
-        // A 3% win is inside the band: no switch.
-        assert_eq!(
-            last_win(&[(1, 10.0, 9.7), (2, 10.0, 9.7)], 0.05),
-            LastWin::Throughout(2)
-        );
-        // A clear win at the last size counts (nothing after it to contradict it).
-        assert_eq!(last_win(&[(1, 5.0, 10.0), (2, 10.0, 5.0)], 0.05), LastWin::At(1));
+        assert_eq!(best_split(&[(1, 5.0, 10.0), (2, 10.0, 5.0)], NOISE), Split::At(1));
+        // Within the noise band everywhere: nothing to win, the later algorithm from the start.
+        assert_eq!(best_split(&[(1, 10.0, 9.9), (2, 9.9, 10.0)], NOISE), Split::Never);
+        // Curves that cross three times: the split that loses least over the sweep. Keeping
+        // the earlier algorithm through sizes 3 and 4 costs 3% above the band each; handing
+        // sizes 5 to 7 to the later one, 4% each; with only size 5 left, the other way round.
+        let wavy = [
+            (1, 5.0, 6.0),
+            (2, 5.0, 6.0),
+            (3, 6.3, 6.0),
+            (4, 6.3, 6.0),
+            (5, 6.0, 6.36),
+            (6, 6.0, 6.36),
+            (7, 6.0, 6.36),
+            (8, 8.0, 6.0),
+        ];
+        assert_eq!(best_split(&wavy, NOISE), Split::At(7));
+        assert_eq!(best_split(&wavy[..5], NOISE), Split::At(2));
         // Low-latency never faster: off; one-shot never faster: one-shot gets no sizes.
         let pts = [
             Point {
@@ -726,6 +955,8 @@ mod tests {
             r.dtype = "f32".into();
         }
         rows.extend(f32_rows);
+        rows.extend(fused_rows_for(8, 8192));
+        rows.extend(fused_rows_for(8, 4096));
         let measured = Measured {
             device: "NVIDIA H200".into(),
             driver: "580.95.05".into(),
@@ -734,11 +965,18 @@ mod tests {
             placement: "virtual".into(),
             note: "test".into(),
         };
-        let (table, found) =
+        let (table, notes) =
             table_from_rows(&rows, &[DType::BF16, DType::F32], &[2, 4, 8], measured).unwrap();
         // (bf16, 2), (bf16, 8), (f32, 8); nothing measured at W=4, f32 W=2.
         assert_eq!(table.entries().len(), 3);
-        assert_eq!(found.len(), 3);
+        assert!(notes.is_empty(), "{notes:?}");
+        // Fused: bf16 W=8 at hidden 4096 and 8192.
+        let fused: Vec<(usize, usize)> = table
+            .fused_entries()
+            .iter()
+            .map(|f| (f.hidden, f.one_shot_max_tokens))
+            .collect();
+        assert_eq!(fused, [(4096, 16), (8192, 8)]);
         let bf16_8 = table.get(DType::BF16, 8).unwrap();
         assert_eq!(bf16_8.two_shot_max_bytes, Some(4 * MIB));
         assert_eq!(table.get(DType::BF16, 4), None);
@@ -756,14 +994,99 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         assert_eq!(config.one_shot_limit(DType::BF16, 8), 192 * KIB);
         assert_eq!(config.one_shot_limit(DType::BF16, 4), 512 * KIB);
+        assert_eq!(
+            config.tuning.unwrap().fused(DType::BF16, 8, 7168).unwrap().hidden,
+            8192
+        );
 
-        let s = summary(&table, &found);
+        let s = summary(&table, &notes);
+        // Published at W=8: 256 KiB, 16 tokens of 8192 bf16, 32 of 4096.
+        for line in [
+            ["bf16", "8", "8192", "8", "|", "16"],
+            ["bf16", "8", "4096", "16", "|", "32"],
+        ] {
+            assert!(
+                s.lines()
+                    .any(|l| l.split_whitespace().collect::<Vec<_>>() == line),
+                "{s}"
+            );
+        }
+        let times = fused_times(&rows, &[DType::BF16], &[8]);
+        assert!(
+            times.contains("bf16 W=8 hidden 8192: 1: 5.5/8.2 2: 6.0/8.4"),
+            "{times}"
+        );
+        assert_eq!(times.lines().count(), 3, "{times}");
         assert!(s.contains("NVIDIA H200 (driver 580.95.05, virtual ranks)"), "{s}");
         assert!(
             s.lines().any(|l| l.split_whitespace().collect::<Vec<_>>()
                 == ["bf16", "8", "48K", "192K", "4M", "|", "32K", "256K"]),
             "{s}"
         );
+    }
+
+    /// The rows of a results.csv (the columns `--tune` reads).
+    fn rows_of_csv(text: &str) -> Vec<Row> {
+        let mut lines = text.lines();
+        let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+        let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+        let (d, m, a, w, s, t) = (
+            col("dtype"),
+            col("mode"),
+            col("algo"),
+            col("world"),
+            col("size_bytes"),
+            col("time_us"),
+        );
+        // Rows written before the fused call was tuned have no `hidden` column.
+        let h = header.iter().position(|h| *h == "hidden");
+        let c = header.iter().position(|h| *h == "count");
+        lines
+            .map(|l| {
+                let f: Vec<&str> = l.split(',').collect();
+                Row {
+                    dtype: f[d].into(),
+                    mode: if f[m] == "graph_amortised" {
+                        Mode::GraphAmortised
+                    } else {
+                        Mode::Eager
+                    },
+                    algo: f[a].into(),
+                    kernel: f[a].into(),
+                    world: f[w].parse().unwrap(),
+                    size_bytes: f[s].parse().unwrap(),
+                    time_us: f[t].parse().unwrap(),
+                    hidden: h.and_then(|h| f[h].parse().ok()),
+                    count: c.map_or(0, |c| f[c].parse().unwrap()),
+                    ..Row::default()
+                }
+            })
+            .collect()
+    }
+
+    /// The table committed under docs/tuning is what its committed rows give.
+    #[test]
+    fn the_committed_h200_table_follows_from_its_rows() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/tuning");
+        let rows = rows_of_csv(&std::fs::read_to_string(dir.join("h200-virtual-rows.csv")).unwrap());
+        let committed = TuningTable::load(dir.join("h200-virtual.json")).unwrap();
+        let (table, notes) =
+            table_from_rows(&rows, &DType::ALL, &[2, 4, 8], committed.measured().clone()).unwrap();
+        println!("{}", fused_times(&rows, &DType::ALL, &[2, 4, 8]));
+        println!("{}", summary(&table, &notes));
+        assert_eq!(table.entries(), committed.entries());
+        assert_eq!(table.fused_entries(), committed.fused_entries());
+        assert_eq!(table.digest(), committed.digest());
+    }
+
+    #[test]
+    fn driver_versions_are_read_from_the_module_line() {
+        let open = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder@U22)";
+        assert_eq!(parse_driver_version(open).as_deref(), Some("580.159.04"));
+        let closed =
+            "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023";
+        assert_eq!(parse_driver_version(closed).as_deref(), Some("535.104.05"));
+        assert_eq!(parse_driver_version("no version here"), None);
     }
 
     #[test]
