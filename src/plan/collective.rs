@@ -320,7 +320,7 @@ pub(crate) fn explain_collective(
         Rule::AboveCapacity => {
             format!("{ws} bytes to copy in exceed the {name} workspace ({cap} bytes): nccl {name}")
         }
-        Rule::Size | Rule::Symmetric | Rule::Multimem | Rule::Pool | Rule::PoolInput => {
+        Rule::Size | Rule::Symmetric | Rule::Multimem | Rule::MultimemSize | Rule::Pool | Rule::PoolInput => {
             format!("one-shot {name} kernel: {ws} bytes to copy in <= workspace ({cap} bytes)")
         }
         Rule::Configured => format!(

@@ -43,10 +43,10 @@ pub(crate) fn grid(kernel: Kernel, len: usize, dtype: DType, world: usize, limit
         Kernel::TwoShot | Kernel::InPlace | Kernel::InPlaceMultimem | Kernel::PoolTwoShot => {
             packs.div_ceil(world)
         }
-        Kernel::LowLatency => (len * dtype.size()).div_ceil(16),
+        Kernel::LowLatency | Kernel::LowLatencyMultimem => (len * dtype.size()).div_ceil(16),
         // Reduce-scatter: `len` is the per-rank output (one slice); all-gather: `len` is the
         // largest per-rank chunk (its grid is sized in plan::collective).
-        Kernel::OneShot | Kernel::AllGather | Kernel::ReduceScatter => packs,
+        Kernel::OneShot | Kernel::OneShotMultimem | Kernel::AllGather | Kernel::ReduceScatter => packs,
         // One block per row (see plan::fused; the two-shot maps rows to blocks as the
         // one-shot does and splits only the reduction by owner); `len` is rows here.
         Kernel::FusedOneShot | Kernel::FusedTwoShot | Kernel::RmsNorm => len,
