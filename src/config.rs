@@ -40,8 +40,9 @@ pub enum Algorithm {
     /// The NVLS one-shot for buffer calls: the input is copied into the rank's data buffer,
     /// then every rank reduces the whole message with `multimem.ld_reduce` (fp32 accumulation)
     /// through the multicast address. Needs a multicast object (`Config::multicast`); the
-    /// switch's summation order is unspecified (identical on every rank, not bit-identical to
-    /// the peer kernels), so `Auto` takes it only with `Config::reproducible` off.
+    /// switch's summation order is unspecified (not bit-identical to the peer kernels; every
+    /// rank asks the switch for the same sum, which is expected but not documented to give
+    /// the same bits on every rank), so `Auto` takes it only with `Config::reproducible` off.
     MultimemOneShot,
     /// The low-latency kernel with the push done by the NVSwitch: one multicast store per
     /// 16-byte line instead of one per peer. The readers sum in rank order, so its results are
@@ -179,8 +180,9 @@ pub struct Config {
     /// `Required`; vetoed by environment variables whatever it says (see [`Multicast`]).
     pub multicast: Multicast,
     /// Bitwise reproducibility (default `true`): results never depend on an unspecified
-    /// summation order, so `Auto` never routes to the multimem kernels (the switch sums in an
-    /// unspecified order: identical on every rank, not bit-identical to the peer kernels).
+    /// summation order, so `Auto` never routes to the multimem kernels that reduce in the
+    /// switch (`Multimem`, `MultimemOneShot`: an unspecified order, not bit-identical to the
+    /// peer kernels). The multimem low-latency kernel sums in rank order and is not affected.
     pub reproducible: bool,
     /// Bytes of the symmetric pool that [`crate::Communicator::alloc_symmetric`] carves
     /// buffers from (rounded up to 256 bytes; 0: no pool). Each rank allocates this much
