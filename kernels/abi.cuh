@@ -35,9 +35,12 @@ struct SymmArgs {
     // zero-copy kernels publish it and compare it with every peer's before touching any data
     // (kernels/pool.cuh). The other kernels ignore it.
     uint64_t pool_tag;
+    // The multicast address of every rank's bound allocation (kernels/multimem.cuh), 0 when
+    // no multicast object is set up. Only the multimem kernels read it.
+    uint64_t mc_base;
 };
 
-static_assert(sizeof(SymmArgs) == 112, "SymmArgs: ten u64, two u32, three u64, as in src/kernels/abi.rs");
+static_assert(sizeof(SymmArgs) == 120, "SymmArgs: ten u64, two u32, four u64, as in src/kernels/abi.rs");
 static_assert(alignof(SymmArgs) == 8, "SymmArgs is 8-aligned");
 static_assert(offsetof(SymmArgs, ll_offset) == 48, "SymmArgs::ll_offset");
 static_assert(offsetof(SymmArgs, error) == 64, "SymmArgs::error");
@@ -47,6 +50,7 @@ static_assert(offsetof(SymmArgs, world) == 84, "SymmArgs::world");
 static_assert(offsetof(SymmArgs, check_shape) == 88, "SymmArgs::check_shape");
 static_assert(offsetof(SymmArgs, check_len) == 96, "SymmArgs::check_len");
 static_assert(offsetof(SymmArgs, pool_tag) == 104, "SymmArgs::pool_tag");
+static_assert(offsetof(SymmArgs, mc_base) == 112, "SymmArgs::mc_base");
 
 constexpr uint32_t MAX_RANKS = 8;
 constexpr uint32_t MAX_BLOCKS = 64;

@@ -1,10 +1,19 @@
 // Collective policies: how a kernel body reduces from, stores to and synchronises with every
 // rank. A kernel written over `Coll` runs unchanged on any policy. `UnicastColl` reaches the
-// peers through their mapped copies of the buffer (peer pointers; a pool buffer or the legacy
-// symmetric buffer lies at the same offset of every rank's allocation). A multimem policy goes beside
-// it: `load_reduce` as one `multimem.ld_reduce...add.acc::f32` on the multicast address,
-// `broadcast_store` as one `multimem.st`, `barrier` by `multimem.red.release.sys` on a
-// multicast signal counter (sm_90 only; see docs/design.md).
+// peers through their mapped copies of the buffer (peer pointers; a data buffer, a pool buffer
+// or the legacy symmetric buffer lies at the same offset of every rank's allocation).
+// `MultimemColl` (multimem.cuh, sm_90 only) is the NVLS policy beside it: `load_reduce` as one
+// `multimem.ld_reduce...add.acc::f32` on the multicast address, `broadcast_store` and
+// `broadcast_line` as one `multimem.st`, the barriers by `multimem.red.release.sys` on a
+// multicast counter (docs/multicast.md).
+//
+// The policy methods:
+//  * load_reduce<T>(pack), load_reduce_element<T>(i): pack / element of every rank's buffer, summed;
+//  * broadcast_store(pack, v): v into every rank's buffer;
+//  * broadcast_line(buffer, line, words): a low-latency line into this rank's slot of every
+//    peer's low-latency buffer (the buffer's offset is not used);
+//  * barrier(phase, epoch), barrier_arrive(phase, epoch): the per-block barrier between ranks,
+//    the second also counting the block's arrival for the call (a kernel without end_call).
 #pragma once
 
 #include "reduce.cuh"
@@ -55,10 +64,27 @@ struct UnicastColl {
         }
     }
 
+    // Line `line` (two 64-bit words) into this rank's slot of low-latency buffer `buffer` of
+    // every peer: W - 1 stores. This rank's own slot is not written (its contribution comes
+    // from its input).
+    __device__ __forceinline__ void broadcast_line(uint32_t buffer, uint64_t line, ulonglong2 words) const {
+        SYMM_POLICY_MARK("broadcast_line");
+#pragma unroll
+        for (uint32_t q = 0; q < MAX_RANKS; ++q) {
+            if (q < a.world && q != a.rank) st_line_sys(ll_line(a, q, buffer, a.rank, line), words);
+        }
+    }
+
     // Barrier between block blockIdx.x of every rank (false if a wait timed out).
     __device__ __forceinline__ bool barrier(uint32_t phase, uint64_t epoch) const {
         SYMM_POLICY_MARK("barrier");
         return block_barrier(a, phase, epoch);
+    }
+
+    // The same, counting the block's arrival for the call off the critical path.
+    __device__ __forceinline__ bool barrier_arrive(uint32_t phase, uint64_t epoch) const {
+        SYMM_POLICY_MARK("barrier_arrive");
+        return block_barrier_arrive(a, phase, epoch);
     }
 };
 

@@ -1,6 +1,11 @@
 // Low-latency one-shot (Lamport style): no barrier, the data carries the synchronisation.
+// Written over a collective policy (coll.cuh) for the push only: `UnicastColl` stores each
+// line into every peer's slot (W - 1 stores), `MultimemColl` (multimem.cu) with one multicast
+// store. The readers poll their own local slots and sum in rank order either way, so both
+// instantiations give the same bits as every peer kernel.
 #pragma once
 
+#include "coll.cuh"
 #include "elements.cuh"
 #include "memory.cuh"
 #include "signals.cuh"
@@ -33,6 +38,16 @@ __device__ __forceinline__ uint4 as_pack(ulonglong2 w) {
                       static_cast<uint32_t>(w.y >> 32));
 }
 
+// Whether a polled line is complete: none of its four 32-bit words still holds the all-ones
+// sentinel. Data never has an all-ones 32-bit word (wire_pack), so this is exact; checking
+// 32-bit words, not 64-bit ones, also covers a writer whose 16 bytes land as four 32-bit
+// pieces (a multicast store, `MultimemColl::broadcast_line`).
+__device__ __forceinline__ bool line_arrived(ulonglong2 w) {
+    constexpr uint32_t NOT_ARRIVED = 0xffffffffu;
+    return static_cast<uint32_t>(w.x) != NOT_ARRIVED && static_cast<uint32_t>(w.x >> 32) != NOT_ARRIVED &&
+           static_cast<uint32_t>(w.y) != NOT_ARRIVED && static_cast<uint32_t>(w.y >> 32) != NOT_ARRIVED;
+}
+
 // Polls line `l` of every peer's slot in this rank's buffer `buffer` until no word of it
 // reads as the all-ones sentinel, sums in rank order 0..W-1 in fp32 (this rank's own
 // contribution `own` from registers), stores the rounded line into `out` (n elements), and
@@ -51,7 +66,7 @@ __device__ __forceinline__ bool ll_sum_line(const SymmArgs& a, uint32_t buffer, 
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
             if (pending & (1u << q)) {
                 const ulonglong2 w = ld_line_sys(ll_line(a, a.rank, buffer, q, l));
-                if (w.x != LL_NOT_ARRIVED && w.y != LL_NOT_ARRIVED) {
+                if (line_arrived(w)) {
                     v[q] = as_pack(w);
                     pending &= ~(1u << q);
                 }
@@ -106,7 +121,18 @@ __device__ __forceinline__ bool ll_sum_line(const SymmArgs& a, uint32_t buffer, 
 // writes it, and every kernel re-arms every line it reads before its call ends, while its
 // writers write only lines its readers read (every rank makes the same call). So after any
 // sequence of calls every line not in flight holds the sentinel, whatever the collectives.
-template <typename T>
+//
+// The multicast push (`MultimemColl::broadcast_line`) changes two things, and the argument
+// holds for both:
+//  * The line lands in every rank's slot for this rank, its own slot (owner r, source r)
+//    included. That slot is write-only: no rank reads it (the owner takes its contribution
+//    from its input, the peers read only their own allocations) and nobody re-arms it, so
+//    what it holds never matters. The peers' slots for r are re-armed by their owners as
+//    before, and r overwrites them only in call k + 3, two kernel boundaries after the owner's
+//    re-arm in call k (the owner's call k completed before it pushed its call k + 2 data,
+//    which r needed to finish call k + 2): the same order as the unicast push.
+//  * The 16 bytes may land as four 32-bit pieces: `line_arrived` checks 32-bit words.
+template <typename Coll, typename T>
 __device__ __forceinline__ void one_shot_ll(const T* in, T* out, uint64_t n, const SymmArgs& a) {
     constexpr uint32_t PER_LINE = Elem<T>::PER_PACK;
     const uint64_t epoch = begin_call(a);
@@ -116,15 +142,13 @@ __device__ __forceinline__ void one_shot_ll(const T* in, T* out, uint64_t n, con
     const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
     const uint32_t buffer = static_cast<uint32_t>(epoch % LL_BUFFERS);
     const bool in_aligned = is_aligned(in, 16), out_aligned = is_aligned(out, 16);
+    const Coll coll(a, 0);
 
     // The first line stays in registers as this rank's own contribution.
     const uint4 own_first = first < lines ? load_line(in, n, first, in_aligned) : make_uint4(0, 0, 0, 0);
     for (uint64_t l = first; l < lines; l += step) {
-        const ulonglong2 w = as_words(wire_pack<T>(l == first ? own_first : load_line(in, n, l, in_aligned)));
-#pragma unroll
-        for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-            if (q < a.world && q != a.rank) st_line_sys(ll_line(a, q, buffer, a.rank, l), w);
-        }
+        coll.broadcast_line(buffer, l,
+                            as_words(wire_pack<T>(l == first ? own_first : load_line(in, n, l, in_aligned))));
     }
     for (uint64_t l = first; l < lines; l += step) {
         const uint4 own = l == first ? own_first : load_line(in, n, l, in_aligned);

@@ -1,26 +1,32 @@
 // The multimem (NVLS) collective policy: the same kernel bodies as `UnicastColl` (coll.cuh),
-// with the reduction done by the NVSwitch. Every rank's workspace allocation is bound to one
-// driver multicast object (src/symmetric/multicast.rs); its multicast address `mc` mirrors one
-// allocation, so the symmetric buffer is at the same offset through `mc` as through
-// `rank_alloc`, and a multimem access to `mc + off` touches `off` of every rank's allocation.
+// with the reduction and the broadcast done by the NVSwitch. Every rank's workspace allocation
+// is bound to one driver multicast object (src/symmetric/multicast.rs); its multicast address
+// (`SymmArgs::mc_base`) mirrors one allocation, so a buffer is at the same offset through it as
+// through `rank_alloc`, and a multimem access to `mc + off` touches `off` of every rank's
+// allocation.
 //
 //  * load_reduce:     one `multimem.ld_reduce.relaxed.sys.global.add.acc::f32.v4.{bf16x2,f16x2}`
 //                     (fp32 accumulation in the switch) or `.add.v4.f32`. Never the 16-bit form
 //                     without `.acc::f32` (it accumulates in bf16), never `multimem.red` for data.
 //  * broadcast_store: one `multimem.st.relaxed.sys.global.v4`.
+//  * broadcast_line:  one `multimem.st.relaxed.sys.global.v4` of the 16-byte low-latency line
+//                     into this rank's slot of every rank's low-latency buffer, its own included
+//                     (see low_latency.cuh for why that own copy is harmless).
 //  * barrier:         one `multimem.red.release.sys.global.add.u64` of 1 on a per-(phase, block)
 //                     multicast counter (it adds 1 to every rank's copy), then an acquire wait
 //                     (.sys) on this rank's own copy through its unicast address until it holds
 //                     the per-block arrival total kept by the owner. The counter only grows (no
 //                     reset, no wrap in 2^64 arrivals); the target is kept per block, so the grid
 //                     may change between calls (every rank launches the same grid per call).
-//  * `fence.proxy.alias` around each barrier: the kernel touches the symmetric buffer through
-//    both addresses (multimem for the packs, unicast for the scalar tail and the counters'
-//    wait), and the caller writes it through the unicast address.
+//  * `fence.proxy.alias` around each barrier, in every thread: the kernels touch the same bytes
+//    through both addresses (the one-shot copies its input in through the unicast address and
+//    every rank reads it through `mc`; the in-place kernel's tail and the counters' wait are
+//    unicast), and the caller writes the buffers through the unicast address.
 //
-// The summation order inside the switch is unspecified: results are identical on every rank
-// (each element is reduced once and broadcast) but not guaranteed bit-identical to the
-// peer-pointer kernels, which sum in rank order. `Config::reproducible` keeps `Auto` away.
+// The summation order inside the switch is unspecified: results of `load_reduce` are identical
+// on every rank (each element is reduced once and broadcast) but not guaranteed bit-identical to
+// the peer-pointer kernels, which sum in rank order. `Config::reproducible` keeps `Auto` away
+// from the kernels that use it (not from the low-latency one, which sums in rank order).
 //
 // sm_90 or newer only: every multimem instruction is guarded by __CUDA_ARCH__ >= 900, and the
 // instantiation file (multimem.cu) is compiled only for those targets (min-arch 90).
@@ -42,13 +48,6 @@ constexpr uint32_t MC_PHASES = 3;
 static_assert(MC_SIGNAL_OFFSET + MC_PHASES * MAX_BLOCKS * MC_SIGNAL_STRIDE <= MC_EXPECTED_OFFSET,
               "multicast counters overlap the arrival totals");
 static_assert(MC_EXPECTED_OFFSET + MC_PHASES * MAX_BLOCKS * 8 <= 65536, "multicast counters reach the data");
-
-// The argument block of the multimem entry points: SymmArgs plus the multicast address. The
-// in-place kernels take no input pointer, so the entry points receive `mc` in that argument
-// (the common signature and launch stay the same for every kernel of the table).
-struct MulticastArgs : SymmArgs {
-    uint64_t mc_base;
-};
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define SYMM_MULTIMEM 1
@@ -77,18 +76,6 @@ struct Multimem<float> {
 #endif
         return v;
     }
-    __device__ static __forceinline__ void st(void* p, uint4 v) {
-#if SYMM_MULTIMEM
-        asm volatile("multimem.st.relaxed.sys.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p),
-                     "f"(__uint_as_float(v.x)), "f"(__uint_as_float(v.y)), "f"(__uint_as_float(v.z)),
-                     "f"(__uint_as_float(v.w))
-                     : "memory");
-#else
-        (void)p;
-        (void)v;
-        __trap();
-#endif
-    }
 };
 
 template <>
@@ -106,17 +93,6 @@ struct Multimem<__nv_bfloat16> {
         v = make_uint4(0, 0, 0, 0);
 #endif
         return v;
-    }
-    __device__ static __forceinline__ void st(void* p, uint4 v) {
-#if SYMM_MULTIMEM
-        asm volatile("multimem.st.relaxed.sys.global.v4.bf16x2 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x),
-                     "r"(v.y), "r"(v.z), "r"(v.w)
-                     : "memory");
-#else
-        (void)p;
-        (void)v;
-        __trap();
-#endif
     }
 };
 
@@ -136,18 +112,21 @@ struct Multimem<__half> {
 #endif
         return v;
     }
-    __device__ static __forceinline__ void st(void* p, uint4 v) {
-#if SYMM_MULTIMEM
-        asm volatile("multimem.st.relaxed.sys.global.v4.f16x2 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x),
-                     "r"(v.y), "r"(v.z), "r"(v.w)
-                     : "memory");
-#else
-        (void)p;
-        (void)v;
-        __trap();
-#endif
-    }
 };
+
+// Stores the 16 bytes `v` at multicast address `p` (every rank's copy). A store moves the
+// bytes whatever they hold, so one form (.v4.f32) serves every dtype and the low-latency lines.
+__device__ __forceinline__ void multimem_st_v4(void* p, uint4 v) {
+#if SYMM_MULTIMEM
+    asm volatile("multimem.st.relaxed.sys.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(__uint_as_float(v.x)),
+                 "f"(__uint_as_float(v.y)), "f"(__uint_as_float(v.z)), "f"(__uint_as_float(v.w))
+                 : "memory");
+#else
+    (void)p;
+    (void)v;
+    __trap();
+#endif
+}
 
 // Adds 1 to every rank's copy of the counter at multicast address `p`, after this thread's
 // (and, behind the caller's __syncthreads, its block's) earlier writes.
@@ -167,21 +146,15 @@ __device__ __forceinline__ void fence_proxy_alias() {
 #endif
 }
 
-__device__ __forceinline__ uint64_t ld_acquire_sys_u64(const uint64_t* p) {
-    uint64_t v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-
 struct MultimemColl {
     const SymmArgs& a;
     char* mc;         // multicast address of the bound allocations
     uint64_t offset;  // where the buffer lies in every rank's allocation
 
     __device__ MultimemColl(const SymmArgs& args, uint64_t buffer_offset)
-        : a(args), mc(reinterpret_cast<char*>(static_cast<const MulticastArgs&>(args).mc_base)), offset(buffer_offset) {}
+        : a(args), mc(reinterpret_cast<char*>(args.mc_base)), offset(buffer_offset) {}
 
-    __device__ __forceinline__ char* mc_symmetric() const { return mc + offset; }
+    __device__ __forceinline__ char* mc_buffer() const { return mc + offset; }
 
     // Rank q's copy of the buffer, through the unicast mapping.
     __device__ __forceinline__ char* buffer(uint32_t q) const { return rank_alloc(a, q) + offset; }
@@ -189,7 +162,7 @@ struct MultimemColl {
     template <typename T>
     __device__ __forceinline__ uint4 load_reduce(uint64_t pack) const {
         SYMM_POLICY_MARK("load_reduce");
-        return Multimem<T>::ld_reduce(reinterpret_cast<const uint4*>(mc_symmetric()) + pack);
+        return Multimem<T>::ld_reduce(reinterpret_cast<const uint4*>(mc_buffer()) + pack);
     }
 
     // The odd elements after the last 16-byte pack: summed in rank order through the peer
@@ -207,17 +180,42 @@ struct MultimemColl {
 
     __device__ __forceinline__ void broadcast_store(uint64_t pack, uint4 v) const {
         SYMM_POLICY_MARK("broadcast_store");
-        // A store moves 16 bytes whatever they hold: one form (.v4.f32) serves every dtype.
-        Multimem<float>::st(reinterpret_cast<uint4*>(mc_symmetric()) + pack, v);
+        multimem_st_v4(reinterpret_cast<uint4*>(mc_buffer()) + pack, v);
+    }
+
+    // Line `line` into this rank's slot of low-latency buffer `buffer` of every rank, with one
+    // multicast store. Its four 32-bit words may land one by one (a vector multimem access is a
+    // set of 32-bit accesses; the PTX has no 64-bit vector form): the readers check every 32-bit
+    // word for the sentinel (low_latency.cuh).
+    __device__ __forceinline__ void broadcast_line(uint32_t buffer, uint64_t line, ulonglong2 words) const {
+        SYMM_POLICY_MARK("broadcast_line");
+        const uint64_t own = reinterpret_cast<uint64_t>(ll_line(a, a.rank, buffer, a.rank, line)) -
+                             reinterpret_cast<uint64_t>(rank_alloc(a, a.rank));
+        const uint4 v = make_uint4(static_cast<uint32_t>(words.x), static_cast<uint32_t>(words.x >> 32),
+                                   static_cast<uint32_t>(words.y), static_cast<uint32_t>(words.y >> 32));
+        multimem_st_v4(mc + own, v);
     }
 
     // Barrier between block blockIdx.x of every rank (false in every thread if the wait timed
-    // out). `epoch` is not needed: the target is the owner's running arrival total.
+    // out or the group is poisoned). `epoch` is not needed: the target is the owner's running
+    // arrival total.
     __device__ __forceinline__ bool barrier(uint32_t phase, uint64_t epoch) const {
         SYMM_POLICY_MARK("barrier");
-        (void)epoch;
+        return barrier_impl(phase, epoch, false);
+    }
+
+    // The same, counting the block's arrival for the call (thread 32, off the critical path).
+    __device__ __forceinline__ bool barrier_arrive(uint32_t phase, uint64_t epoch) const {
+        SYMM_POLICY_MARK("barrier_arrive");
+        return barrier_impl(phase, epoch, true);
+    }
+
+    __device__ __forceinline__ bool barrier_impl(uint32_t phase, uint64_t epoch, bool arrives) const {
+        if (epoch == 0) return false;
+        // Every thread's unicast writes before any multicast access after the barrier.
+        fence_proxy_alias();
         __syncthreads();
-        int timed_out = 0;
+        int failed = 0;
         if (threadIdx.x == 0) {
             const uint64_t slot = (static_cast<uint64_t>(phase) * MAX_BLOCKS + blockIdx.x);
             char* own = rank_alloc(a, a.rank);
@@ -227,21 +225,22 @@ struct MultimemColl {
             fence_proxy_alias();
             multimem_arrive_sys(reinterpret_cast<uint64_t*>(mc + MC_SIGNAL_OFFSET + slot * MC_SIGNAL_STRIDE));
             const uint64_t* mine = reinterpret_cast<const uint64_t*>(own + MC_SIGNAL_OFFSET + slot * MC_SIGNAL_STRIDE);
-            uint64_t deadline = 0;
-            while (ld_acquire_sys_u64(mine) < target) {
-                const uint64_t now = global_timer_ns();
-                if (deadline == 0) {
-                    deadline = now + a.timeout_ns;
-                } else if (now > deadline) {
-                    // Which peer is late is not known from a sum: report the world size.
-                    report_timeout(a, phase, a.world);
-                    timed_out = 1;
+            Deadline d;
+            while (ld_acquire_sys(mine) < target) {
+                // Which peer is late is not known from a sum: a timeout names the world size.
+                if (!d.keep_waiting(a, phase, a.world)) {
+                    failed = 1;
                     break;
                 }
             }
-            fence_proxy_alias();
+        } else if (arrives && threadIdx.x == 32) {
+            arrive(a, epoch);
         }
-        return __syncthreads_or(timed_out) == 0;
+        const bool ok = __syncthreads_or(failed) == 0;
+        // The peers' writes (multicast or unicast) before this thread's accesses through
+        // either address.
+        fence_proxy_alias();
+        return ok;
     }
 };
 

@@ -1,15 +1,20 @@
-// One-shot all-reduce over peer pointers: one barrier, every rank reads every rank.
+// One-shot all-reduce, written over a collective policy (coll.cuh): one barrier, then every
+// rank reduces the whole message from every rank's copy. With `UnicastColl` it reads every
+// peer's data buffer and sums in rank order; with `MultimemColl` (multimem.cu) one
+// `multimem.ld_reduce` per pack returns the switch's sum.
 #pragma once
 
-#include "reduce.cuh"
+#include "coll.cuh"
 #include "unaligned.cuh"
 
 namespace symm {
 
-// One-shot: copy in, start barrier, every rank reads every rank's whole buffer. The block's
-// arrival (the grid-wide call count) rides in the start barrier, so the kernel ends with its
-// last store.
-template <typename T>
+// Copy in (into this rank's data buffer of the call's parity), start barrier, every rank
+// reduces every pack and the scalar tail into its output. The block's arrival (the grid-wide
+// call count) rides in the start barrier, so the kernel ends with its last store; the data
+// buffer is rewritten two calls later, after every peer has entered the call in between,
+// which it does only after this call's kernel completed there (signals.cuh).
+template <typename Coll, typename T>
 __device__ __forceinline__ void one_shot(const T* in, T* out, uint64_t n, const SymmArgs& a) {
     const uint64_t epoch = begin_call(a);
     if (epoch == 0) return;
@@ -19,17 +24,18 @@ __device__ __forceinline__ void one_shot(const T* in, T* out, uint64_t n, const 
     // A view at any element offset: packs of unaligned buffers are assembled from elements
     // (uniform over the grid; same bits).
     const bool in_aligned = is_aligned(in, 16), out_aligned = is_aligned(out, 16);
-    uint4* mine = reinterpret_cast<uint4*>(data_buffer(a, a.rank, parity));
-    const char* rank0 = data_buffer(a, 0, parity);
+    const Coll coll(a, a.data_offset + parity * a.data_bytes);
+    uint4* mine = reinterpret_cast<uint4*>(coll.buffer(a.rank));
 
     for (uint64_t i = loop.first; i < packs; i += loop.step) mine[i] = load_pack(in, i, in_aligned);
     copy_tail_in(a, parity, in, n);
 
-    if (block_barrier_arrive(a, PHASE_START, epoch)) {
+    if (coll.barrier_arrive(PHASE_START, epoch)) {
         pdl_launch_dependents();
         for (uint64_t i = loop.first; i < packs; i += loop.step)
-            store_pack(out, i, sum_ranks<T>(a, rank0, i), out_aligned);
-        sum_tail(a, parity, out, n);
+            store_pack(out, i, coll.template load_reduce<T>(i), out_aligned);
+        const uint64_t tail = packs * Elem<T>::PER_PACK + threadIdx.x;
+        if (blockIdx.x == 0 && tail < n) out[tail] = Elem<T>::from_float(coll.template load_reduce_element<T>(tail));
     }
 }
 

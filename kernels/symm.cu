@@ -31,10 +31,10 @@ using symm::SymmArgs;
 
 // Every kernel of the registry for one dtype (SYMM_FOR_EACH_DTYPE calls it per dtype).
 #define SYMM_KERNELS(SUFFIX, T)                                                                  \
-    SYMM_ENTRY(one_shot, SUFFIX, T, (symm::one_shot<T>(in, out, n, a)))                          \
+    SYMM_ENTRY(one_shot, SUFFIX, T, (symm::one_shot<symm::UnicastColl, T>(in, out, n, a)))       \
     SYMM_ENTRY(two_shot, SUFFIX, T, (symm::two_shot<T>(in, out, n, a)))                          \
     SYMM_ENTRY_ONE_BLOCK_PER_SM(in_place, SUFFIX, T, (symm::in_place<symm::UnicastColl, T>(in, n, a))) \
-    SYMM_ENTRY(one_shot_ll, SUFFIX, T, (symm::one_shot_ll<T>(in, out, n, a)))                    \
+    SYMM_ENTRY(one_shot_ll, SUFFIX, T, (symm::one_shot_ll<symm::UnicastColl, T>(in, out, n, a))) \
     SYMM_ENTRY(pool_two_shot, SUFFIX, T, (symm::pool_two_shot<T>(in, out, n, a)))
 
 SYMM_FOR_EACH_DTYPE(SYMM_KERNELS)

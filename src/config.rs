@@ -38,6 +38,18 @@ pub enum Algorithm {
     /// kernels). As `Config::algorithm` it applies to symmetric calls; buffer calls then
     /// follow the size rule.
     Multimem,
+    /// The NVLS one-shot for buffer calls: the input is copied into the rank's data buffer,
+    /// then every rank reduces the whole message with `multimem.ld_reduce` (fp32 accumulation)
+    /// through the multicast address. Needs a multicast object (`Config::multicast`); the
+    /// switch's summation order is unspecified (not bit-identical to the peer kernels; every
+    /// rank asks the switch for the same sum, which is expected but not documented to give
+    /// the same bits on every rank), so `Auto` takes it only with `Config::reproducible` off.
+    MultimemOneShot,
+    /// The low-latency kernel with the push done by the NVSwitch: one multicast store per
+    /// 16-byte line instead of one per peer. The readers sum in rank order, so its results are
+    /// bit-identical to the peer kernels'; `Auto` takes it for small buffer calls whenever a
+    /// multicast object is set up, `Config::reproducible` or not.
+    MultimemLowLatency,
     /// `ncclAllReduce` through the communicator's NCCL fallback (only communicators created
     /// with one: [`crate::Communicator::from_nccl`], [`crate::Communicator::with_nccl_fallback`]).
     Nccl,
@@ -52,6 +64,8 @@ impl Algorithm {
             Algorithm::TwoShot => "two_shot",
             Algorithm::LowLatency => "low_latency",
             Algorithm::Multimem => "multimem",
+            Algorithm::MultimemOneShot => "multimem_one_shot",
+            Algorithm::MultimemLowLatency => "multimem_low_latency",
             Algorithm::Nccl => "nccl",
         }
     }
@@ -73,9 +87,11 @@ impl std::str::FromStr for Algorithm {
             "low_latency" | "ll" => Ok(Algorithm::LowLatency),
             "nccl" => Ok(Algorithm::Nccl),
             "multimem" | "nvls" => Ok(Algorithm::Multimem),
+            "multimem_one_shot" | "nvls_one_shot" => Ok(Algorithm::MultimemOneShot),
+            "multimem_low_latency" | "multimem_ll" | "nvls_ll" => Ok(Algorithm::MultimemLowLatency),
             _ => Err(format!(
-                "unknown algorithm {s:?}: expected auto, low_latency (ll), one_shot, two_shot, multimem (nvls) \
-                 or nccl"
+                "unknown algorithm {s:?}: expected auto, low_latency (ll), one_shot, two_shot, multimem (nvls), \
+                 multimem_one_shot, multimem_low_latency (multimem_ll) or nccl"
             )),
         }
     }
@@ -165,8 +181,9 @@ pub struct Config {
     /// `Required`; vetoed by environment variables whatever it says (see [`Multicast`]).
     pub multicast: Multicast,
     /// Bitwise reproducibility (default `true`): results never depend on an unspecified
-    /// summation order, so `Auto` never routes to the multimem kernels (the switch sums in an
-    /// unspecified order: identical on every rank, not bit-identical to the peer kernels).
+    /// summation order, so `Auto` never routes to the multimem kernels that reduce in the
+    /// switch (`Multimem`, `MultimemOneShot`: an unspecified order, not bit-identical to the
+    /// peer kernels). The multimem low-latency kernel sums in rank order and is not affected.
     pub reproducible: bool,
     /// Bytes of the symmetric pool that [`crate::Communicator::alloc_symmetric`] carves
     /// buffers from (rounded up to 256 bytes; 0: no pool). Each rank allocates this much
@@ -855,6 +872,8 @@ mod tests {
             Algorithm::TwoShot,
             Algorithm::LowLatency,
             Algorithm::Multimem,
+            Algorithm::MultimemOneShot,
+            Algorithm::MultimemLowLatency,
             Algorithm::Nccl,
         ] {
             assert_eq!(a.name().parse::<Algorithm>().unwrap(), a);
@@ -864,5 +883,9 @@ mod tests {
             );
         }
         assert_eq!("ll".parse::<Algorithm>().unwrap(), Algorithm::LowLatency);
+        assert_eq!(
+            "multimem_ll".parse::<Algorithm>().unwrap(),
+            Algorithm::MultimemLowLatency
+        );
     }
 }

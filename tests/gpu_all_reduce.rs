@@ -580,6 +580,150 @@ fn symmetric_in_place_replays_in_a_graph(ctx: Arc<CudaContext>) {
     );
 }
 
+/// `round` on views at element offsets `in_off` / `out_off` of larger buffers (the kernels'
+/// unaligned load and store paths when the offset is not a multiple of a 16-byte pack).
+fn offset_round<T: TestElem>(
+    comms: &[Communicator],
+    streams: &[Arc<CudaStream>],
+    inputs: &[Vec<T>],
+    algo: Algorithm,
+    (in_off, out_off): (usize, usize),
+) -> Result<Vec<Vec<T>>, String> {
+    let len = inputs[0].len();
+    let nan = bytemuck::cast_slice::<u8, T>(&[0xFFu8; 16])[0];
+    let d_in: Vec<CudaSlice<T>> = streams
+        .iter()
+        .zip(inputs)
+        .map(|(s, x)| {
+            let mut padded = vec![nan; in_off];
+            padded.extend_from_slice(x);
+            s.clone_htod(&padded).unwrap()
+        })
+        .collect();
+    let mut d_out: Vec<CudaSlice<T>> = streams
+        .iter()
+        .map(|s| s.clone_htod(&vec![nan; out_off + len]).unwrap())
+        .collect();
+    for r in 0..comms.len() {
+        let input = d_in[r].slice(in_off..in_off + len);
+        let mut output = d_out[r].slice_mut(out_off..out_off + len);
+        comms[r]
+            .all_reduce_with(&input, &mut output, &streams[r], algo)
+            .map_err(|e| format!("rank {r}: {e}"))?;
+    }
+    for r in 0..comms.len() {
+        comms[r]
+            .synchronize(&streams[r])
+            .map_err(|e| format!("rank {r}: {e}"))?;
+    }
+    Ok(d_out
+        .iter()
+        .zip(streams)
+        .map(|(d, s)| s.clone_dtoh(d).unwrap()[out_off..].to_vec())
+        .collect())
+}
+
+/// One case of [`coll_bodies_odd_sizes_and_offsets_proptest`]: `algo` (the unicast
+/// instantiation of a policy body) against the emulation bit for bit, and against the peer
+/// two-shot (aligned views) bit for bit.
+fn coll_case<T: TestElem>(
+    comms: &[Communicator],
+    streams: &[Arc<CudaStream>],
+    len: usize,
+    algo: Algorithm,
+    offsets: (usize, usize),
+    seed: u64,
+) -> Result<(), String> {
+    let mut g = rng(seed);
+    let inputs: Vec<Vec<T>> = (0..comms.len()).map(|_| random_input(&mut g, len)).collect();
+    let what = format!(
+        "{} W={} len={len} {algo} offsets {offsets:?}",
+        T::DTYPE,
+        comms.len()
+    );
+    let outputs = offset_round(comms, streams, &inputs, algo, offsets)?;
+    verify(&inputs, &outputs, &what)?;
+    let two = round(comms, streams, &inputs, Algorithm::TwoShot)?;
+    for r in 0..comms.len() {
+        check_bits(&format!("{what}: rank {r} vs two-shot"), &two[r], &outputs[r])?;
+    }
+    Ok(())
+}
+
+/// The one-shot and low-latency kernels are the unicast instantiations of the bodies written
+/// over the collective policy (`one_shot<Coll, T>`, `one_shot_ll<Coll, T>`; the multimem
+/// instantiations run the same bodies and are checked in the PTX, tests/multimem_code.rs):
+/// random dtype × W ∈ {2, 3, 4, 8} × odd lengths (a scalar tail, a partial last line) × element
+/// offsets of the input and output views, bit for bit against the fp32 rank-order emulation,
+/// every rank against rank 0, and the peer two-shot.
+fn coll_bodies_odd_sizes_and_offsets_proptest(ctx: Arc<CudaContext>) {
+    let groups: RefCell<HashMap<usize, common::Group>> = RefCell::default();
+    let bodies = [Algorithm::OneShot, Algorithm::LowLatency];
+    let strategy = (
+        0usize..3,
+        prop::sample::select(vec![2usize, 3, 4, 8]),
+        prop_oneof![
+            4 => 1usize..=64,
+            4 => 65usize..=20_000,
+            2 => 20_001usize..=600_000,
+        ],
+        0usize..bodies.len(),
+        (0usize..4, 0usize..4),
+        any::<u64>(),
+    );
+    let mut runner = TestRunner::new(PropConfig {
+        cases: 96,
+        failure_persistence: None,
+        ..PropConfig::default()
+    });
+    runner
+        .run(&strategy, |(d, world, len, b, offsets, seed)| {
+            let mut groups = groups.borrow_mut();
+            let (comms, streams) = groups
+                .entry(world)
+                .or_insert_with(|| group(&ctx, world, config(4 << 20)));
+            let (dtype, algo) = (DType::ALL[d], bodies[b]);
+            // Odd, and within the low-latency slots when forced.
+            let len = fit(algo, dtype, len);
+            let len = if len % 2 == 0 { len - 1 } else { len };
+            let r = match dtype {
+                DType::F32 => coll_case::<f32>(comms, streams, len, algo, offsets, seed),
+                DType::F16 => coll_case::<f16>(comms, streams, len, algo, offsets, seed),
+                DType::BF16 => coll_case::<bf16>(comms, streams, len, algo, offsets, seed),
+            };
+            r.map_err(TestCaseError::fail)
+        })
+        .unwrap();
+}
+
+/// The same bodies on every odd length around the pack and line boundaries, every dtype and
+/// W ∈ {2, 3, 4, 8}, aligned and at an odd element offset.
+fn coll_bodies_every_boundary_length(ctx: Arc<CudaContext>) {
+    let lens = [
+        1usize, 3, 5, 7, 9, 15, 17, 31, 33, 511, 513, 4095, 4097, 8191, 16_383, 65_537,
+    ];
+    for world in [2usize, 3, 4, 8] {
+        let (comms, streams) = group(&ctx, world, config(1 << 20));
+        for dtype in DType::ALL {
+            for algo in [Algorithm::OneShot, Algorithm::LowLatency] {
+                for (i, &len) in lens.iter().enumerate() {
+                    let len = fit(algo, dtype, len);
+                    let len = if len % 2 == 0 { len - 1 } else { len };
+                    for offsets in [(0, 0), (1, 3)] {
+                        let seed = (world * 10_000 + i * 10 + offsets.0) as u64;
+                        let r = match dtype {
+                            DType::F32 => coll_case::<f32>(&comms, &streams, len, algo, offsets, seed),
+                            DType::F16 => coll_case::<f16>(&comms, &streams, len, algo, offsets, seed),
+                            DType::BF16 => coll_case::<bf16>(&comms, &streams, len, algo, offsets, seed),
+                        };
+                        r.unwrap();
+                    }
+                }
+            }
+        }
+    }
+}
+
 fn main() -> std::process::ExitCode {
     common::harness::run(
         "gpu_all_reduce",
@@ -596,6 +740,8 @@ fn main() -> std::process::ExitCode {
             gpu_test!(stuck_peer_times_out_poisons_and_does_not_hang),
             gpu_test!(symmetric_in_place_every_dtype_and_world_back_to_back),
             gpu_test!(symmetric_in_place_replays_in_a_graph),
+            gpu_test!(coll_bodies_odd_sizes_and_offsets_proptest),
+            gpu_test!(coll_bodies_every_boundary_length),
         ],
     )
 }

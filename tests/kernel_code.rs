@@ -102,6 +102,9 @@ fn every_kernel_is_present_and_peer_data_moves_in_16_byte_packs() {
         "reduce_scatter",
         "all_gather_ll",
         "reduce_scatter_ll",
+        "in_place_mm",
+        "one_shot_mm",
+        "one_shot_ll_mm",
     ] {
         for dtype in ["f32", "f16", "bf16"] {
             let name = format!(".entry symm_{algo}_{dtype}(");
@@ -156,12 +159,15 @@ fn ptxas_reports_no_spills_and_no_stack_frame() {
         .lines()
         .filter(|l| l.trim_start().starts_with(".visible .entry "))
         .count();
-    assert!(entries >= 13, "only {entries} entry points in the PTX");
-    // The multimem kernels (min-arch 90) have sm_90 SASS only.
+    // 15 kernels × 3 dtypes, the empty kernel, the sync floor and the spin.
+    assert_eq!(entries, 15 * 3 + 3, "entry points in the PTX");
+    // The multimem kernels (`symm_<kernel>_mm_<dtype>`, min-arch 90) have sm_90 SASS only.
     let sm90_only = symm_allreduce::embedded_ptx()
         .lines()
-        .filter(|l| l.trim_start().starts_with(".visible .entry symm_in_place_mm"))
+        .filter_map(|l| l.trim_start().strip_prefix(".visible .entry symm_"))
+        .filter(|l| l.contains("_mm_"))
         .count();
+    assert_eq!(sm90_only, 3 * 3, "multimem entry points");
     assert_eq!(
         functions,
         2 * entries - sm90_only,

@@ -68,11 +68,31 @@ fn the_device_reports_no_multicast_and_describe_says_why(ctx: Arc<CudaContext>) 
             p.reason.contains("multimem off") && p.reason.contains(expected),
             "{p}"
         );
-        // The buffer path never names multimem.
-        assert_ne!(
-            c.path(1 << 20, DType::BF16, Algorithm::Auto).unwrap().algorithm,
-            Algorithm::Multimem
-        );
+        // The buffer path never names a multimem kernel (low-latency, one-shot and two-shot
+        // ranges), and forcing one is refused with the reason, before anything is launched.
+        let multimem = [
+            Algorithm::Multimem,
+            Algorithm::MultimemOneShot,
+            Algorithm::MultimemLowLatency,
+        ];
+        for bytes in [1024usize, 64 << 10, 256 << 10, 1 << 20] {
+            let p = c.path(bytes / 2, DType::BF16, Algorithm::Auto).unwrap();
+            assert!(!multimem.contains(&p.algorithm), "{p}");
+        }
+        let stream = ctx.new_stream().unwrap();
+        let input = stream.alloc_zeros::<half::bf16>(1000).unwrap();
+        let mut output = stream.alloc_zeros::<half::bf16>(1000).unwrap();
+        for a in [Algorithm::MultimemOneShot, Algorithm::MultimemLowLatency] {
+            match c.path(1000, DType::BF16, a) {
+                Err(Error::MulticastUnavailable { reason }) => assert!(reason.contains(expected), "{reason}"),
+                other => panic!("{a} without multicast: {other:?}"),
+            }
+            match c.all_reduce_with(&input, &mut output, &stream, a) {
+                Err(Error::MulticastUnavailable { reason }) => assert!(reason.contains(expected), "{reason}"),
+                other => panic!("{a} without multicast: {other:?}"),
+            }
+        }
+        c.check_usable().unwrap();
         println!("rank {}: {why}", c.rank());
     }
     // The collective close (every rank, over a bootstrap of the same ranks).

@@ -4,8 +4,10 @@
 //! - 16-bit reductions accumulate in fp32 (`.acc::f32`), never the bf16-accumulating form;
 //!   f32 uses `.add.v4.f32`; `multimem.red` is never used for data, only on the u64 signal
 //!   counter, with release semantics at system scope; no multimem at `.gpu`/`.cta` scope;
-//! - the multimem and the unicast instantiations of the in-place body call the collective
-//!   policy in the same order (the `symm-policy` markers);
+//! - the multimem and the unicast instantiations of each body (in-place two-shot, one-shot,
+//!   low-latency) call the collective policy in the same order (the `symm-policy` markers);
+//! - the multimem low-latency kernel pushes with `multimem.st` and reduces nothing in the
+//!   switch (no `ld_reduce`, no `red`): its sums are the peer kernels' rank-order sums;
 //! - the sm_80 code has no multimem kernel (ptxas compiled none for sm_80).
 
 fn kernels_or_skip(test: &str) -> bool {
@@ -19,6 +21,26 @@ fn kernels_or_skip(test: &str) -> bool {
 }
 
 const DTYPES: [&str; 3] = ["f32", "f16", "bf16"];
+
+/// (unicast kernel, its multimem instantiation) of each body, and the policy calls the body
+/// makes.
+const PAIRS: [(&str, &str, &[&str]); 3] = [
+    (
+        "in_place",
+        "in_place_mm",
+        &["barrier", "load_reduce", "broadcast_store", "load_reduce_element"],
+    ),
+    (
+        "one_shot",
+        "one_shot_mm",
+        &["barrier_arrive", "load_reduce", "load_reduce_element"],
+    ),
+    ("one_shot_ll", "one_shot_ll_mm", &["broadcast_line"]),
+];
+
+/// The multimem kernels that reduce in the switch (`multimem.ld_reduce`) and synchronise with
+/// the multicast barrier.
+const REDUCING: [&str; 2] = ["in_place_mm", "one_shot_mm"];
 
 /// The PTX body of entry `name` (from its `.entry` line to the next `.entry`).
 fn entry(name: &str) -> &'static str {
@@ -58,26 +80,26 @@ fn sixteen_bit_reductions_accumulate_in_fp32_and_f32_uses_add_v4_f32() {
     if !kernels_or_skip("sixteen_bit_reductions_accumulate_in_fp32_and_f32_uses_add_v4_f32") {
         return;
     }
-    for (dtype, form) in [("f16", "f16x2"), ("bf16", "bf16x2"), ("f32", "f32")] {
-        let body = entry(&format!("symm_in_place_mm_{dtype}"));
-        let reduces = lines_with(body, "multimem.ld_reduce");
-        assert!(!reduces.is_empty(), "{dtype}: no multimem.ld_reduce");
-        for l in &reduces {
-            assert!(l.contains(".relaxed.sys.global.add"), "{dtype}: {l}");
-            if dtype == "f32" {
-                assert!(l.contains(".add.v4.f32") && !l.contains(".acc::"), "{dtype}: {l}");
-            } else {
-                // The fp32-accumulating form; the bf16-accumulating one lacks `.acc::f32`.
-                assert!(l.contains(&format!(".add.acc::f32.v4.{form}")), "{dtype}: {l}");
+    for kernel in REDUCING {
+        for (dtype, form) in [("f16", "f16x2"), ("bf16", "bf16x2"), ("f32", "f32")] {
+            let body = entry(&format!("symm_{kernel}_{dtype}"));
+            let reduces = lines_with(body, "multimem.ld_reduce");
+            assert!(!reduces.is_empty(), "{kernel} {dtype}: no multimem.ld_reduce");
+            for l in &reduces {
+                assert!(l.contains(".relaxed.sys.global.add"), "{kernel} {dtype}: {l}");
+                if dtype == "f32" {
+                    assert!(
+                        l.contains(".add.v4.f32") && !l.contains(".acc::"),
+                        "{kernel} {dtype}: {l}"
+                    );
+                } else {
+                    // The fp32-accumulating form; the bf16-accumulating one lacks `.acc::f32`.
+                    assert!(
+                        l.contains(&format!(".add.acc::f32.v4.{form}")),
+                        "{kernel} {dtype}: {l}"
+                    );
+                }
             }
-        }
-        let stores = lines_with(body, "multimem.st");
-        assert!(!stores.is_empty(), "{dtype}: no multimem.st");
-        for l in &stores {
-            assert!(
-                l.starts_with("multimem.st.relaxed.sys.global.v4."),
-                "{dtype}: {l}"
-            );
         }
     }
     // Nowhere in the PTX: a 16-bit ld_reduce without .acc::f32.
@@ -89,14 +111,74 @@ fn sixteen_bit_reductions_accumulate_in_fp32_and_f32_uses_add_v4_f32() {
 }
 
 #[test]
+fn multimem_stores_move_16_bytes_at_system_scope() {
+    if !kernels_or_skip("multimem_stores_move_16_bytes_at_system_scope") {
+        return;
+    }
+    // The in-place all-gather and the low-latency push store through the multicast address;
+    // the one-shot only reads through it.
+    for (kernel, stores) in [
+        ("in_place_mm", true),
+        ("one_shot_mm", false),
+        ("one_shot_ll_mm", true),
+    ] {
+        for dtype in DTYPES {
+            let body = entry(&format!("symm_{kernel}_{dtype}"));
+            let found = lines_with(body, "multimem.st");
+            assert_eq!(!found.is_empty(), stores, "{kernel} {dtype}: {found:?}");
+            for l in &found {
+                // One form for every dtype: 16 bytes, whatever they hold.
+                assert!(
+                    l.starts_with("multimem.st.relaxed.sys.global.v4.f32 "),
+                    "{kernel} {dtype}: {l}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_multimem_low_latency_kernel_pushes_with_multicast_and_sums_in_rank_order() {
+    if !kernels_or_skip("the_multimem_low_latency_kernel_pushes_with_multicast_and_sums_in_rank_order") {
+        return;
+    }
+    for dtype in DTYPES {
+        let mm = entry(&format!("symm_one_shot_ll_mm_{dtype}"));
+        let unicast = entry(&format!("symm_one_shot_ll_{dtype}"));
+        // No reduction in the switch and no barrier: the readers poll their own lines and sum
+        // in rank order as the unicast kernel does, so both give the peer kernels' bits.
+        assert!(lines_with(mm, "multimem.ld_reduce").is_empty(), "{dtype}");
+        assert!(lines_with(mm, "multimem.red").is_empty(), "{dtype}");
+        assert_eq!(
+            lines_with(mm, "multimem.st").len(),
+            1,
+            "{dtype}: one multicast store per line"
+        );
+        // The push replaced the unicast stores; the polls and the re-arm are the same.
+        for body in [mm, unicast] {
+            assert!(
+                !lines_with(body, "ld.relaxed.sys.global.v2.u64").is_empty(),
+                "{dtype}: lines not polled"
+            );
+            assert!(
+                !lines_with(body, "st.relaxed.sys.global.v2.u64").is_empty(),
+                "{dtype}: lines not re-armed"
+            );
+            assert!(body.contains("%globaltimer"), "{dtype}: unbounded wait");
+        }
+        assert!(lines_with(unicast, "multimem.").is_empty(), "{dtype}");
+    }
+}
+
+#[test]
 fn multimem_red_only_signals_the_u64_counter_with_release_at_system_scope() {
     if !kernels_or_skip("multimem_red_only_signals_the_u64_counter_with_release_at_system_scope") {
         return;
     }
     let ptx = symm_allreduce::embedded_ptx();
     let reds = lines_with(ptx, "multimem.red");
-    // Two barriers per dtype (start and end) in the in-place body.
-    assert!(reds.len() >= 2 * DTYPES.len(), "{reds:?}");
+    // Per dtype: two barriers in the in-place body (start and end), one in the one-shot.
+    assert!(reds.len() >= 3 * DTYPES.len(), "{reds:?}");
     for l in &reds {
         assert!(l.starts_with("multimem.red.release.sys.global.add.u64 "), "{l}");
         assert!(
@@ -112,14 +194,23 @@ fn multimem_red_only_signals_the_u64_counter_with_release_at_system_scope() {
         assert!(l.contains(".sys."), "multimem without system scope: {l}");
     }
     // The counter wait: an acquire load at system scope, and the proxy fences around it.
-    for dtype in DTYPES {
-        let body = entry(&format!("symm_in_place_mm_{dtype}"));
-        assert!(
-            !lines_with(body, "ld.acquire.sys.global.u64").is_empty(),
-            "{dtype}"
-        );
-        assert!(lines_with(body, "fence.proxy.alias").len() >= 2, "{dtype}");
-        assert!(body.contains("%globaltimer"), "{dtype}: unbounded wait");
+    for kernel in REDUCING {
+        for dtype in DTYPES {
+            let body = entry(&format!("symm_{kernel}_{dtype}"));
+            assert!(
+                !lines_with(body, "multimem.red.release.sys.global.add.u64").is_empty(),
+                "{kernel} {dtype}"
+            );
+            assert!(
+                !lines_with(body, "ld.acquire.sys.global.u64").is_empty(),
+                "{kernel} {dtype}"
+            );
+            assert!(
+                lines_with(body, "fence.proxy.alias").len() >= 2,
+                "{kernel} {dtype}"
+            );
+            assert!(body.contains("%globaltimer"), "{kernel} {dtype}: unbounded wait");
+        }
     }
 }
 
@@ -128,22 +219,23 @@ fn unicast_and_multimem_instantiations_call_the_policy_in_the_same_order() {
     if !kernels_or_skip("unicast_and_multimem_instantiations_call_the_policy_in_the_same_order") {
         return;
     }
-    for dtype in DTYPES {
-        let unicast = markers(entry(&format!("symm_in_place_{dtype}")));
-        let multimem = markers(entry(&format!("symm_in_place_mm_{dtype}")));
-        assert!(
-            unicast.len() >= 5,
-            "{dtype}: markers missing from the unicast instantiation: {unicast:?}"
-        );
-        for m in ["barrier", "load_reduce", "broadcast_store", "load_reduce_element"] {
-            assert!(unicast.contains(&m), "{dtype}: {m} not in {unicast:?}");
+    for (unicast_kernel, multimem_kernel, calls) in PAIRS {
+        for dtype in DTYPES {
+            let unicast = markers(entry(&format!("symm_{unicast_kernel}_{dtype}")));
+            let multimem = markers(entry(&format!("symm_{multimem_kernel}_{dtype}")));
+            for m in calls {
+                assert!(
+                    unicast.contains(m),
+                    "{unicast_kernel} {dtype}: {m} not in {unicast:?}"
+                );
+            }
+            assert_eq!(
+                unicast, multimem,
+                "{unicast_kernel} {dtype}: the two policies run different bodies"
+            );
+            // The unicast instantiation has no multimem at all.
+            assert!(lines_with(entry(&format!("symm_{unicast_kernel}_{dtype}")), "multimem.").is_empty());
         }
-        assert_eq!(
-            unicast, multimem,
-            "{dtype}: the two policies run different bodies"
-        );
-        // The unicast instantiation has no multimem at all.
-        assert!(lines_with(entry(&format!("symm_in_place_{dtype}")), "multimem.").is_empty());
     }
 }
 
@@ -169,21 +261,23 @@ fn the_sm80_code_has_no_multimem_kernel() {
             .map(|a| a.trim_end_matches('\''))
             .collect()
     };
-    for dtype in DTYPES {
-        let mm = archs_of(&format!("symm_in_place_mm_{dtype}"));
-        assert!(
-            mm.contains(&"sm_90"),
-            "{dtype}: multimem kernel not compiled for sm_90: {mm:?}"
-        );
-        assert!(
-            !mm.contains(&"sm_80"),
-            "{dtype}: multimem kernel compiled for sm_80: {mm:?}"
-        );
-        let uni = archs_of(&format!("symm_in_place_{dtype}"));
-        assert!(
-            uni.contains(&"sm_80") && uni.contains(&"sm_90"),
-            "{dtype}: {uni:?}"
-        );
+    for (unicast_kernel, multimem_kernel, _) in PAIRS {
+        for dtype in DTYPES {
+            let mm = archs_of(&format!("symm_{multimem_kernel}_{dtype}"));
+            assert!(
+                mm.contains(&"sm_90"),
+                "{multimem_kernel} {dtype}: not compiled for sm_90: {mm:?}"
+            );
+            assert!(
+                !mm.contains(&"sm_80"),
+                "{multimem_kernel} {dtype}: compiled for sm_80: {mm:?}"
+            );
+            let uni = archs_of(&format!("symm_{unicast_kernel}_{dtype}"));
+            assert!(
+                uni.contains(&"sm_80") && uni.contains(&"sm_90"),
+                "{unicast_kernel} {dtype}: {uni:?}"
+            );
+        }
     }
     // And the multimem source guards every instruction itself.
     let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/kernels/multimem.cuh")).unwrap();
@@ -201,7 +295,14 @@ fn the_multimem_kernels_spill_nothing() {
     let mut seen = 0;
     let lines: Vec<&str> = report.lines().collect();
     for (i, l) in lines.iter().enumerate() {
-        if l.contains("Compiling entry function 'symm_in_place_mm_") {
+        let Some(name) = l.split("Compiling entry function '").nth(1) else {
+            continue;
+        };
+        if PAIRS.iter().any(|(_, mm, _)| {
+            DTYPES
+                .iter()
+                .any(|d| name.starts_with(&format!("symm_{mm}_{d}'")))
+        }) {
             seen += 1;
             let props = lines[i + 1..]
                 .iter()
@@ -214,5 +315,5 @@ fn the_multimem_kernels_spill_nothing() {
             );
         }
     }
-    assert!(seen >= DTYPES.len(), "{seen}");
+    assert_eq!(seen, PAIRS.len() * DTYPES.len(), "{seen}");
 }

@@ -65,6 +65,7 @@ impl PeerBackend {
             check_shape: 0,
             check_len: 0,
             pool_tag: 0,
+            mc_base: 0,
         };
         let pdl = config.pdl && kernels.supports_pdl();
         let check = config.check_divergence;
@@ -79,18 +80,21 @@ impl PeerBackend {
         }
     }
 
-    /// Attaches the multicast pipeline's outcome (symmetric/multicast.rs).
+    /// Attaches the multicast pipeline's outcome (symmetric/multicast.rs): the multimem
+    /// kernels find the multicast address in `SymmArgs::mc_base`.
     pub(crate) fn with_multicast(mut self, outcome: Outcome) -> Self {
         self.multicast = match outcome {
             Outcome::On(m) => Ok(m),
             Outcome::Off(why) => Err(why),
         };
+        self.args.mc_base = self.multicast.as_ref().map_or(0, MulticastMapping::address);
         self
     }
 
     /// Takes the multicast mapping out (for the collective close); the backend keeps the
-    /// reason "closed".
+    /// reason "closed" (and launches no multimem kernel after it).
     pub(crate) fn take_multicast(&mut self) -> Option<MulticastMapping> {
+        self.args.mc_base = 0;
         std::mem::replace(&mut self.multicast, Err("closed".into())).ok()
     }
 
@@ -139,19 +143,19 @@ impl PeerBackend {
         stream: &CudaStream,
     ) -> Result<()> {
         let func = self.kernels.get(kernel, call.dtype)?;
-        // The multimem kernel takes the multicast address in place of the (unused) input.
-        let input = match (kernel, &self.multicast) {
-            (Kernel::InPlaceMultimem, Ok(m)) => m.address(),
-            (Kernel::InPlaceMultimem, Err(why)) => {
-                return Err(Error::MulticastUnavailable { reason: why.clone() });
-            }
-            _ => call.input_addr,
-        };
+        // The multimem kernels reach every rank through the multicast address (mc_base).
+        let multimem = matches!(
+            kernel,
+            Kernel::InPlaceMultimem | Kernel::OneShotMultimem | Kernel::LowLatencyMultimem
+        );
+        if let (true, Err(why)) = (multimem, &self.multicast) {
+            return Err(Error::MulticastUnavailable { reason: why.clone() });
+        }
         let args = self.call_args(Some(kernel), call.dtype, call.input_len, pool_tag);
         self.launch_function(
             func,
             plan,
-            (input, call.output_addr, call.input_len),
+            (call.input_addr, call.output_addr, call.input_len),
             args,
             stream,
         )

@@ -411,15 +411,16 @@ impl Communicator {
         s += &match &self.paths {
             Paths::Peer { peer, .. } => match peer.multicast() {
                 Ok(m) => format!(
-                    "multicast (NVLS): on ({} bytes bound, granularity {} minimum / {} recommended; multimem for \
-                     symmetric calls {})\n",
+                    "multicast (NVLS): on ({} bytes bound, granularity {} minimum / {} recommended; under Auto: \
+                     multimem low-latency in the low-latency range (same bits as the peer kernels), {})\n",
                     m.size(),
                     m.granularity().0,
                     m.granularity().1,
                     if self.config.reproducible {
-                        "only when asked for: Config::reproducible is on"
+                        "the multimem.ld_reduce kernels only when asked for: Config::reproducible is on"
                     } else {
-                        "above the one-shot range under Auto"
+                        "multimem one-shot in the one-shot range, multimem in-place two-shot for symmetric calls \
+                         above it"
                     }
                 ),
                 Err(why) => format!("multicast (NVLS): off ({why})\n"),

@@ -92,10 +92,13 @@ pub(crate) struct SymmArgs {
     pub(crate) check_len: u64,
     /// Zero-copy pool calls: the digest every rank compares on the device (kernels/pool.cuh).
     pub(crate) pool_tag: u64,
+    /// The multicast address of the bound allocations (0 without a multicast object); read
+    /// only by the multimem kernels (kernels/multimem.cuh).
+    pub(crate) mc_base: u64,
 }
 
-// The device struct: ten u64, two u32, three u64, no padding: 112 bytes, 8-aligned.
-const _: () = assert!(std::mem::size_of::<SymmArgs>() == 112);
+// The device struct: ten u64, two u32, four u64, no padding: 120 bytes, 8-aligned.
+const _: () = assert!(std::mem::size_of::<SymmArgs>() == 120);
 const _: () = assert!(std::mem::align_of::<SymmArgs>() == 8);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, ll_offset) == 48);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, error) == 64);
@@ -105,6 +108,7 @@ const _: () = assert!(std::mem::offset_of!(SymmArgs, world) == 84);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, check_shape) == 88);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, check_len) == 96);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, pool_tag) == 104);
+const _: () = assert!(std::mem::offset_of!(SymmArgs, mc_base) == 112);
 
 // SAFETY: SymmArgs is a #[repr(C)] struct of plain integers with the same layout as the
 // device-side struct (asserted above and in kernels/abi.cuh).
@@ -265,7 +269,7 @@ mod tests {
             "abi.cuh asserts the call state's size"
         );
         assert!(
-            header.contains("sizeof(SymmArgs) == 112"),
+            header.contains("sizeof(SymmArgs) == 120"),
             "abi.cuh asserts the size"
         );
     }

@@ -43,6 +43,12 @@ pub(crate) enum Kernel {
     InPlaceMultimem,
     /// Zero-copy out of place from a pool buffer (kernels/pool_two_shot.cuh).
     PoolTwoShot,
+    /// The one-shot body over the multimem policy: `multimem.ld_reduce` of the data buffers
+    /// (sm_90+, multicast object needed; kernels/multimem.cu).
+    OneShotMultimem,
+    /// The low-latency body over the multimem policy: one multicast store per line (sm_90+,
+    /// multicast object needed; kernels/multimem.cu).
+    LowLatencyMultimem,
 }
 
 /// One registry row.
@@ -57,7 +63,7 @@ pub(crate) struct KernelSpec {
 }
 
 /// Every kernel, in table order.
-pub(crate) const KERNELS: [KernelSpec; 13] = [
+pub(crate) const KERNELS: [KernelSpec; 15] = [
     KernelSpec {
         kernel: Kernel::OneShot,
         prefix: "one_shot",
@@ -136,6 +142,18 @@ pub(crate) const KERNELS: [KernelSpec; 13] = [
         min_arch: 80,
         family: Family::OneShot,
     },
+    KernelSpec {
+        kernel: Kernel::OneShotMultimem,
+        prefix: "one_shot_mm",
+        min_arch: 90,
+        family: Family::OneShot,
+    },
+    KernelSpec {
+        kernel: Kernel::LowLatencyMultimem,
+        prefix: "one_shot_ll_mm",
+        min_arch: 90,
+        family: Family::OneShot,
+    },
 ];
 
 /// The body-less kernel with the common signature (the benchmark's launch floor).
@@ -163,6 +181,8 @@ impl Kernel {
             Kernel::PoolTwoShot => 10,
             Kernel::AllGatherLowLatency => 11,
             Kernel::ReduceScatterLowLatency => 12,
+            Kernel::OneShotMultimem => 13,
+            Kernel::LowLatencyMultimem => 14,
         }
     }
 

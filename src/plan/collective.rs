@@ -389,7 +389,7 @@ pub(crate) fn explain_collective(
             "low-latency {name} kernel: {slot} bytes of lines per peer <= low-latency limit ({})",
             low_latency_auto_max(shape, config, facts.world)
         ),
-        Rule::Size | Rule::Symmetric | Rule::Multimem | Rule::Pool | Rule::PoolInput => {
+        Rule::Size | Rule::Symmetric | Rule::Multimem | Rule::MultimemSize | Rule::Pool | Rule::PoolInput => {
             format!("one-shot {name} kernel: {ws} bytes to copy in <= workspace ({cap} bytes)")
         }
         Rule::Configured if route.algorithm() == Algorithm::LowLatency => {

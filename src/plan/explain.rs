@@ -8,7 +8,7 @@ use crate::config::{Algorithm, Config};
 /// Where one call goes and why (see [`crate::Communicator::path`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PathDecision {
-    /// `LowLatency`, `OneShot`, `TwoShot` or `Nccl` (never `Auto`).
+    /// The algorithm that runs (never `Auto`).
     pub algorithm: Algorithm,
     /// The kernel grid, for the peer kernels (`None` for NCCL).
     pub plan: Option<Plan>,
@@ -79,8 +79,23 @@ pub(crate) fn explain(
         Rule::Size => match algorithm {
             Algorithm::LowLatency => format!("{bytes} bytes <= low-latency limit ({ll_limit}{from_table})"),
             _ if facts.world == 1 => "one rank: two-shot, a single pass from input to output".to_string(),
+            Algorithm::OneShot if facts.multicast.is_ok() => format!(
+                "{bytes} bytes <= one-shot limit ({limit}{from_table}) (multimem one-shot not chosen: \
+                 Config::reproducible is on)"
+            ),
             Algorithm::OneShot => format!("{bytes} bytes <= one-shot limit ({limit}{from_table})"),
             _ => format!("{bytes} bytes > one-shot limit ({limit}{from_table})"),
+        },
+        Rule::MultimemSize => match algorithm {
+            Algorithm::MultimemLowLatency => format!(
+                "{bytes} bytes <= low-latency limit ({ll_limit}{from_table}), multicast set up: low-latency \
+                 with one multicast store per line (rank-order sums: the same bits as the peer kernels)"
+            ),
+            _ => format!(
+                "{bytes} bytes <= one-shot limit ({limit}{from_table}), multicast set up, Config::reproducible \
+                 off: multimem one-shot (multimem.ld_reduce: the switch's summation order is not the peer \
+                 kernels')"
+            ),
         },
         Rule::Configured => format!("Config::algorithm is {}", config.algorithm),
         Rule::AskedFor => format!("{requested} was asked for"),
@@ -214,12 +229,158 @@ mod tests {
             symmetric(8, &conf, Algorithm::Auto, on).unwrap().algorithm,
             Algorithm::Multimem
         );
+        // (Multicast is set up here, so the size rule's low-latency kernel is the multimem one.)
         assert_eq!(
             decide_path(100, DType::F32, &conf, Algorithm::Auto, on)
                 .unwrap()
                 .algorithm,
+            Algorithm::MultimemLowLatency
+        );
+        assert_eq!(
+            decide_path(100, DType::F32, &conf, Algorithm::Auto, off)
+                .unwrap()
+                .algorithm,
             Algorithm::LowLatency
         );
+    }
+
+    #[test]
+    fn buffer_calls_take_the_multimem_kernels_only_with_multicast_and_ld_reduce_only_unreproducible() {
+        use crate::kernels::registry::Kernel;
+        let on = PathFacts {
+            multicast: Ok(()),
+            ..facts(Ok(()), Ok(()))
+        };
+        let off = facts(Ok(()), Ok(()));
+        let reproducible = Config {
+            nccl_above_bytes: Some(64 << 20),
+            ..Config::default()
+        };
+        let fast = Config {
+            reproducible: false,
+            ..reproducible.clone()
+        };
+        let ll = reproducible.thresholds(DType::BF16, 4).low_latency_max;
+        let one = reproducible.one_shot_limit(DType::BF16, 4);
+        // bf16 element counts: low-latency range, one-shot range, two-shot range.
+        let (small, mid, big) = (ll / 2, one / 2, one / 2 + 8);
+        let algo = |len, c: &Config, f| decide_path(len, DType::BF16, c, Algorithm::Auto, f).unwrap();
+
+        // Multicast set up, reproducible on: the multicast push (same bits) but no ld_reduce.
+        let p = algo(small, &reproducible, on);
+        assert_eq!(p.algorithm, Algorithm::MultimemLowLatency, "{p}");
+        assert!(
+            p.reason.contains("one multicast store per line") && p.reason.contains("same bits"),
+            "{p}"
+        );
+        let p = algo(mid, &reproducible, on);
+        assert_eq!(p.algorithm, Algorithm::OneShot, "{p}");
+        assert!(
+            p.reason
+                .contains("multimem one-shot not chosen: Config::reproducible is on"),
+            "{p}"
+        );
+        assert_eq!(algo(big, &reproducible, on).algorithm, Algorithm::TwoShot);
+
+        // Reproducible off: the ld_reduce one-shot in the one-shot range.
+        assert_eq!(algo(small, &fast, on).algorithm, Algorithm::MultimemLowLatency);
+        let p = algo(mid, &fast, on);
+        assert_eq!(p.algorithm, Algorithm::MultimemOneShot, "{p}");
+        assert!(
+            p.reason.contains("reproducible off") && p.reason.contains("multimem.ld_reduce"),
+            "{p}"
+        );
+        // Above the one-shot range buffer calls keep the peer two-shot (no multimem copy-in
+        // two-shot); the symmetric call takes the multimem in-place kernel.
+        assert_eq!(algo(big, &fast, on).algorithm, Algorithm::TwoShot);
+        assert_eq!(
+            symmetric(big, &fast, Algorithm::Auto, on).unwrap().algorithm,
+            Algorithm::Multimem
+        );
+        // Symmetric calls in the low-latency / one-shot range stay on the peer in-place kernel.
+        assert_eq!(
+            symmetric(small, &fast, Algorithm::Auto, on).unwrap().algorithm,
+            Algorithm::TwoShot
+        );
+
+        // No multicast: the peer kernels, whatever reproducible says; the reason does not
+        // mention multimem.
+        for c in [&reproducible, &fast] {
+            let p = algo(small, c, off);
+            assert_eq!(p.algorithm, Algorithm::LowLatency, "{p}");
+            let p = algo(mid, c, off);
+            assert_eq!(p.algorithm, Algorithm::OneShot, "{p}");
+            assert!(!p.reason.contains("multimem"), "{p}");
+        }
+        // One rank: never multimem.
+        let one_rank = PathFacts { world: 1, ..on };
+        assert_eq!(algo(small, &fast, one_rank).algorithm, Algorithm::LowLatency);
+
+        // Asked for: runs with multicast (ld_reduce even with reproducible on: asked for), a
+        // typed error naming why without it; the low-latency slots still bound it.
+        for a in [Algorithm::MultimemOneShot, Algorithm::MultimemLowLatency] {
+            let p = decide_path(small, DType::BF16, &reproducible, a, on).unwrap();
+            assert_eq!(p.algorithm, a);
+            assert_eq!(p.reason, format!("{a} was asked for"));
+            let e = decide_path(small, DType::BF16, &reproducible, a, off).unwrap_err();
+            assert!(
+                matches!(&e, Error::MulticastUnavailable { reason } if reason.contains("Config::multicast is Off")),
+                "{e:?}"
+            );
+        }
+        assert!(matches!(
+            decide_path(
+                ll / 2 + 8,
+                DType::BF16,
+                &reproducible,
+                Algorithm::MultimemLowLatency,
+                on
+            ),
+            Err(Error::ExceedsCapacity { .. })
+        ));
+        // Configured: buffer calls take it at any size within the capacity (it is refused
+        // without multicast); symmetric calls keep the in-place kernel.
+        let conf = Config {
+            algorithm: Algorithm::MultimemOneShot,
+            ..reproducible.clone()
+        };
+        let p = algo(big, &conf, on);
+        assert_eq!(p.algorithm, Algorithm::MultimemOneShot, "{p}");
+        assert!(p.reason.contains("Config::algorithm is multimem_one_shot"), "{p}");
+        assert!(matches!(
+            decide_path(big, DType::BF16, &conf, Algorithm::Auto, off),
+            Err(Error::MulticastUnavailable { .. })
+        ));
+        assert_eq!(
+            symmetric(big, &conf, Algorithm::Auto, on).unwrap().algorithm,
+            Algorithm::TwoShot
+        );
+        // Above the NCCL threshold NCCL still wins.
+        let p = algo(
+            (64 << 20) / 2 + 8,
+            &Config {
+                capacity_bytes: 128 << 20,
+                ..fast.clone()
+            },
+            on,
+        );
+        assert_eq!(p.algorithm, Algorithm::Nccl, "{p}");
+
+        // The multimem kernels have the grids of their peer twins.
+        for (len, twin, multimem) in [
+            (small, Kernel::LowLatency, Kernel::LowLatencyMultimem),
+            (mid, Kernel::OneShot, Kernel::OneShotMultimem),
+        ] {
+            let r = route(CallKind::Buffers, len, DType::BF16, &fast, Algorithm::Auto, on).unwrap();
+            let peer = route(CallKind::Buffers, len, DType::BF16, &fast, Algorithm::Auto, off).unwrap();
+            match (r.target, peer.target) {
+                (Target::Kernel(k, p), Target::Kernel(t, q)) => {
+                    assert_eq!((k, t), (multimem, twin));
+                    assert_eq!((p.blocks, p.threads), (q.blocks, q.threads));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -45,10 +45,11 @@ pub(crate) fn grid(kernel: Kernel, len: usize, dtype: DType, world: usize, limit
         Kernel::TwoShot | Kernel::InPlace | Kernel::InPlaceMultimem | Kernel::PoolTwoShot => {
             packs.div_ceil(world)
         }
-        Kernel::LowLatency => (len * dtype.size()).div_ceil(16),
+        Kernel::LowLatency | Kernel::LowLatencyMultimem => (len * dtype.size()).div_ceil(16),
         // Reduce-scatter: `len` is the per-rank output (one slice); all-gather: `len` is the
         // largest per-rank chunk (the collectives' grids are sized in plan::collective).
         Kernel::OneShot
+        | Kernel::OneShotMultimem
         | Kernel::AllGather
         | Kernel::ReduceScatter
         | Kernel::AllGatherLowLatency

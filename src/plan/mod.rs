@@ -34,6 +34,8 @@ pub(crate) const fn algorithm_of(kernel: Kernel) -> Algorithm {
             Algorithm::LowLatency
         }
         Kernel::InPlaceMultimem => Algorithm::Multimem,
+        Kernel::OneShotMultimem => Algorithm::MultimemOneShot,
+        Kernel::LowLatencyMultimem => Algorithm::MultimemLowLatency,
     }
 }
 
@@ -43,6 +45,8 @@ pub(crate) const fn kernel_for(algorithm: Algorithm) -> Option<Kernel> {
         Algorithm::OneShot => Some(Kernel::OneShot),
         Algorithm::TwoShot => Some(Kernel::TwoShot),
         Algorithm::LowLatency => Some(Kernel::LowLatency),
+        Algorithm::MultimemOneShot => Some(Kernel::OneShotMultimem),
+        Algorithm::MultimemLowLatency => Some(Kernel::LowLatencyMultimem),
         Algorithm::Auto | Algorithm::Nccl | Algorithm::Multimem => None,
     }
 }
@@ -111,8 +115,8 @@ impl Limits {
 /// What one call launches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Plan {
-    /// `LowLatency`, `OneShot` or `TwoShot` (never `Auto` or `Nccl`); the zero-copy
-    /// symmetric call runs the two-shot in place.
+    /// The algorithm of the kernel (never `Auto` or `Nccl`); the zero-copy symmetric call
+    /// runs the two-shot (or `Multimem`) in place.
     pub algorithm: Algorithm,
     /// Blocks per rank.
     pub blocks: u32,

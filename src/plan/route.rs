@@ -63,6 +63,10 @@ pub(crate) enum Rule {
     /// `Auto` on the symmetric buffer above the one-shot range, multicast set up and
     /// `Config::reproducible` off: the multimem in-place kernel.
     Multimem,
+    /// The size rule of `Auto` on a buffer call, with multicast set up: the multimem variant of
+    /// the size rule's kernel (the low-latency one always, the one-shot one only with
+    /// `Config::reproducible` off; see [`multimem_variant`]).
+    MultimemSize,
     /// A call on a pool buffer: the in-place kernel on the pool, zero-copy.
     Pool,
     /// An out-of-place call from a pool buffer: the zero-copy two-shot.
@@ -108,9 +112,12 @@ impl Route {
 ///    multicast), or under `Auto` above the one-shot limit when multicast is set up and
 ///    `Config::reproducible` is off; otherwise the in-place kernel; a pool call → the in-place kernel on the pool buffer (any
 ///    size: it never passes the workspace);
-/// 4. a kernel asked for (or configured) → that kernel;
+/// 4. a kernel asked for (or configured) → that kernel; a multimem one without multicast is
+///    [`Error::MulticastUnavailable`];
 /// 5. `Auto`: above `nccl_above_bytes` (or the tuning table's two-shot maximum), or above
-///    `capacity_bytes`, → NCCL when there is a fallback; otherwise the size rule of [`choose`].
+///    `capacity_bytes`, → NCCL when there is a fallback; otherwise the size rule of [`choose`],
+///    with the size rule's kernel replaced by its multimem variant when multicast is set up
+///    ([`multimem_variant`]).
 ///
 /// A kernel route above `capacity_bytes` (or a low-latency one above its slots) is refused
 /// with [`Error::ExceedsCapacity`], never silently rerouted.
@@ -223,15 +230,29 @@ pub(crate) fn route(
                 (Algorithm::Auto, _) => Rule::Configured,
                 _ => Rule::AskedFor,
             };
+            // The size rule decides (a configured Multimem leaves buffer calls to it).
+            let sized = requested == Algorithm::Auto
+                && matches!(config.algorithm, Algorithm::Auto | Algorithm::Multimem);
             let algorithm = choose(bytes, dtype, facts.world, config, requested);
             // Auto and Nccl were handled above: every other algorithm names a kernel.
             let kernel = kernel_for(algorithm).ok_or_else(|| {
                 Error::InvalidConfig(format!("algorithm {algorithm} does not name a kernel"))
             })?;
-            (kernel, rule)
+            match multimem_variant(kernel, config, facts) {
+                Some(multimem) if sized => (multimem, Rule::MultimemSize),
+                _ => (kernel, rule),
+            }
         }
     };
-    if kernel == Kernel::LowLatency && bytes > config.low_latency_limit() {
+    if matches!(kernel, Kernel::OneShotMultimem | Kernel::LowLatencyMultimem) {
+        if let Err(why) = facts.multicast {
+            return Err(Error::MulticastUnavailable {
+                reason: format!("Algorithm::{:?} was asked for, but {why}", algorithm_of(kernel)),
+            });
+        }
+    }
+    if matches!(kernel, Kernel::LowLatency | Kernel::LowLatencyMultimem) && bytes > config.low_latency_limit()
+    {
         return Err(Error::ExceedsCapacity {
             bytes,
             capacity: config.low_latency_limit(),
@@ -244,6 +265,23 @@ pub(crate) fn route(
         dtype,
         threshold_ignored,
     })
+}
+
+/// The multimem kernel `Auto` runs instead of the size rule's peer `kernel`, if any: only with
+/// a multicast object (and more than one rank); the low-latency kernel's multicast push gives
+/// the same bits as the peer kernels, so it is taken whatever `Config::reproducible` says; the
+/// one-shot's `multimem.ld_reduce` sums in the switch's order, so only with `reproducible` off.
+/// The two-shot has no multimem variant with a copy-in (the symmetric call's in-place one is
+/// routed above).
+pub(crate) fn multimem_variant(kernel: Kernel, config: &Config, facts: PathFacts<'_>) -> Option<Kernel> {
+    if facts.multicast.is_err() || facts.world < 2 {
+        return None;
+    }
+    match kernel {
+        Kernel::LowLatency => Some(Kernel::LowLatencyMultimem),
+        Kernel::OneShot if !config.reproducible => Some(Kernel::OneShotMultimem),
+        _ => None,
+    }
 }
 
 /// The lib's test binary counts allocations per thread (see `routing_a_call_allocates_nothing`).
@@ -304,7 +342,11 @@ mod tests {
             .with_fused(fused)
             .unwrap();
         let tuned = Config::default().with_tuning(table);
-        for config in [with_threshold, tuned] {
+        let fast = Config {
+            reproducible: false,
+            ..with_threshold.clone()
+        };
+        for config in [with_threshold, fast, tuned] {
             routes_without_allocating(&config);
         }
     }
@@ -332,6 +374,8 @@ mod tests {
                         Algorithm::TwoShot,
                         Algorithm::Nccl,
                         Algorithm::Multimem,
+                        Algorithm::MultimemOneShot,
+                        Algorithm::MultimemLowLatency,
                     ] {
                         for kind in [
                             CallKind::Buffers,

@@ -34,7 +34,9 @@ pub(super) fn run(
         ordinal,
         memory: workspace.own_handle(),
         memory_size: layout.alloc_bytes,
-        needed: layout.symmetric_offset() + layout.data_bytes,
+        // Through the end of the low-latency slots: the multimem low-latency kernel pushes
+        // its lines through the multicast address.
+        needed: layout.ll_offset() + layout.ll_bytes(bootstrap.world()),
     };
     multicast::establish(bootstrap, Arc::new(CudaMulticast), request, blocked)
 }

@@ -82,7 +82,7 @@ pub(crate) struct Request {
     pub(crate) memory: u64,
     pub(crate) memory_size: usize,
     /// Bytes from the start of the allocation the multimem kernels reach (signals through the
-    /// end of the symmetric buffer).
+    /// end of the low-latency slots; the symmetric pool after them is not bound).
     pub(crate) needed: usize,
 }
 

@@ -234,6 +234,16 @@ pub enum AlgoChoice {
     /// variable such as NCCL_NVLS_ENABLE=0, or the device attribute 0). docs/multicast.md.
     #[value(name = "multimem", alias = "nvls")]
     Multimem,
+    /// Opt-in like `multimem`: the NVLS one-shot on the caller's buffers
+    /// (`Algorithm::MultimemOneShot`: copy-in, then `multimem.ld_reduce` of the whole message).
+    /// Compare with `one_shot` at the same size.
+    #[value(name = "multimem_one_shot", alias = "nvls_one_shot")]
+    MultimemOneShot,
+    /// Opt-in like `multimem`: the low-latency kernel with one multicast store per line
+    /// (`Algorithm::MultimemLowLatency`), up to `--low-latency-max`. Compare with
+    /// `low_latency` at the same size.
+    #[value(name = "multimem_ll", alias = "nvls_ll")]
+    MultimemLowLatency,
 }
 
 impl AlgoChoice {
@@ -247,8 +257,19 @@ impl AlgoChoice {
             // The in-place kernel launches the two-shot grid.
             AlgoChoice::Symmetric | AlgoChoice::Pool => Some(Algorithm::TwoShot),
             AlgoChoice::Multimem => Some(Algorithm::Multimem),
+            AlgoChoice::MultimemOneShot => Some(Algorithm::MultimemOneShot),
+            AlgoChoice::MultimemLowLatency => Some(Algorithm::MultimemLowLatency),
             AlgoChoice::Nccl => None,
         }
+    }
+
+    /// Whether the row runs a multimem kernel: asking for one builds the communicators with
+    /// `Config::multicast = Required` (never otherwise).
+    pub fn needs_multicast(self) -> bool {
+        matches!(
+            self,
+            AlgoChoice::Multimem | AlgoChoice::MultimemOneShot | AlgoChoice::MultimemLowLatency
+        )
     }
 
     /// Name as written on the command line and in the results.
@@ -262,6 +283,8 @@ impl AlgoChoice {
             AlgoChoice::Pool => "pool",
             AlgoChoice::Nccl => "nccl",
             AlgoChoice::Multimem => "multimem",
+            AlgoChoice::MultimemOneShot => "multimem_one_shot",
+            AlgoChoice::MultimemLowLatency => "multimem_ll",
         }
     }
 }
@@ -515,7 +538,7 @@ impl RunPlan {
                 symm_allreduce::Config::default().pool_bytes
             },
             // Only when multimem rows are asked for (opt-in; see AlgoChoice::Multimem).
-            multicast: if self.algos.contains(&AlgoChoice::Multimem) {
+            multicast: if self.algos.iter().any(|a| a.needs_multicast()) {
                 symm_allreduce::Multicast::Required
             } else {
                 symm_allreduce::Multicast::Off
@@ -567,8 +590,10 @@ impl RunPlan {
     /// Whether `algo` runs at `bytes` (one-shot stops at 64 MiB in a sweep).
     pub fn runs(&self, algo: AlgoChoice, bytes: usize) -> bool {
         match algo {
-            AlgoChoice::LowLatency => bytes <= self.low_latency_max,
-            AlgoChoice::OneShot => self.explicit_sizes || bytes <= ONE_SHOT_SWEEP_MAX,
+            AlgoChoice::LowLatency | AlgoChoice::MultimemLowLatency => bytes <= self.low_latency_max,
+            AlgoChoice::OneShot | AlgoChoice::MultimemOneShot => {
+                self.explicit_sizes || bytes <= ONE_SHOT_SWEEP_MAX
+            }
             _ => true,
         }
     }
@@ -843,6 +868,29 @@ mod tests {
         assert!(plan.runs(AlgoChoice::OneShot, 128 << 20));
         assert_eq!(plan.cap_sizes(64 << 20), vec![128 << 20]);
         assert_eq!(plan.sizes, vec![8192]);
+
+        // The default list never asks for multicast; any multimem row makes it required.
+        assert_eq!(plan.config(1 << 20).multicast, symm_allreduce::Multicast::Off);
+        let mm = RunPlan::from_args(
+            &Args::try_parse_from(["symm-bench", "--algos", "multimem_ll,nvls_one_shot,two_shot,nccl"])
+                .unwrap(),
+        );
+        assert_eq!(
+            mm.algos,
+            vec![
+                AlgoChoice::MultimemLowLatency,
+                AlgoChoice::MultimemOneShot,
+                AlgoChoice::TwoShot,
+                AlgoChoice::Nccl
+            ]
+        );
+        assert_eq!(mm.config(1 << 20).multicast, symm_allreduce::Multicast::Required);
+        assert!(!mm.runs(AlgoChoice::MultimemLowLatency, 1 << 20));
+        assert!(mm.runs(AlgoChoice::MultimemOneShot, 1 << 20));
+        assert_eq!(
+            AlgoChoice::MultimemOneShot.symm(),
+            Some(symm_allreduce::Algorithm::MultimemOneShot)
+        );
 
         let quick = RunPlan::from_args(&Args::try_parse_from(["symm-bench", "--quick"]).unwrap());
         assert_eq!(quick.sizes, quick_sizes());

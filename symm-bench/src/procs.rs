@@ -592,7 +592,7 @@ fn rank_main(args: &Args, env: &ChildEnv) -> Result<ExitCode, Stop> {
                 Config::default().timeout
             },
             // Only when multimem rows are asked for (opt-in; see AlgoChoice::Multimem).
-            multicast: if plan.algos.contains(&AlgoChoice::Multimem) {
+            multicast: if plan.algos.iter().any(|a| a.needs_multicast()) {
                 Multicast::Required
             } else {
                 Multicast::Off
