@@ -140,8 +140,10 @@ pub struct Config {
     /// crossover for the call's dtype and world, else the published crossovers, 512 KiB for 4
     /// or fewer ranks and 256 KiB above.
     pub one_shot_max_bytes: Option<usize>,
-    /// Most blocks one rank launches (1..=64). Fewer may be used where the device cannot
-    /// keep every rank's blocks resident at once.
+    /// Most blocks one rank launches (1..=64, default 64). Fewer are used where the device
+    /// cannot keep every rank's blocks resident at once (ranks sharing a GPU divide it), and
+    /// small messages use fewer anyway (one thread per 16-byte pack). A lone rank moves
+    /// 64 MiB at 0.82 × copy speed with 64 blocks, 0.54 × with 32 (H200, two-shot).
     pub max_blocks_per_rank: usize,
     /// `Auto` uses the barrier-free low-latency kernel up to this many bytes (inclusive;
     /// 0 turns it off) for a (dtype, world) that the tuning table does not name. Each rank
@@ -232,7 +234,7 @@ impl Default for Config {
             capacity_bytes: 64 << 20,
             algorithm: Algorithm::Auto,
             one_shot_max_bytes: None,
-            max_blocks_per_rank: 32,
+            max_blocks_per_rank: MAX_BLOCKS,
             low_latency_max_bytes: 32 << 10,
             timeout: Duration::from_secs(10),
             nccl_above_bytes: None,

@@ -132,12 +132,24 @@ mod tests {
     fn limits_account_for_ranks_sharing_a_device() {
         let c = Config::default();
         let l = Limits::from_occupancy(2, 1, 132, 8, &c).unwrap();
-        assert_eq!(l.one_shot_blocks, 32); // 2*132/8 = 33, capped by config 32
+        assert_eq!(l.one_shot_blocks, 33); // 2*132/8
+        let capped = Config {
+            max_blocks_per_rank: 32,
+            ..Config::default()
+        };
+        assert_eq!(
+            Limits::from_occupancy(2, 1, 132, 8, &capped)
+                .unwrap()
+                .one_shot_blocks,
+            32
+        );
         assert_eq!(l.two_shot_blocks, 16); // 132/8
         let l1 = Limits::from_occupancy(2, 1, 132, 1, &c).unwrap();
         assert_eq!(l.min(l1), l);
         assert!(Limits::from_occupancy(1, 1, 4, 8, &c).is_err());
-        assert_eq!(l.blocks(Family::OneShot), 32);
+        assert_eq!(l.blocks(Family::OneShot), 33);
         assert_eq!(l.blocks(Family::TwoShot), 16);
+        // A lone rank: the signal slots' 64 blocks.
+        assert_eq!(l1.two_shot_blocks, 64);
     }
 }
