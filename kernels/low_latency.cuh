@@ -48,17 +48,12 @@ __device__ __forceinline__ bool line_arrived(ulonglong2 w) {
            static_cast<uint32_t>(w.y) != NOT_ARRIVED && static_cast<uint32_t>(w.y >> 32) != NOT_ARRIVED;
 }
 
-// Polls line `l` of every peer's slot in this rank's buffer `buffer` until no word of it
-// reads as the all-ones sentinel, sums in rank order 0..W-1 in fp32 (this rank's own
-// contribution `own` from registers), stores the rounded line into `out` (n elements), and
-// re-arms the lines it consumed. False (nothing stored) when the wait timed out or the group
-// is poisoned. Shared by the all-reduce and the reduce-scatter, so both have the arithmetic
-// of every other algorithm.
-template <typename T>
-__device__ __forceinline__ bool ll_sum_line(const SymmArgs& a, uint32_t buffer, uint64_t l, uint4 own, T* out,
-                                            uint64_t n, bool out_aligned) {
-    constexpr uint32_t PER_LINE = Elem<T>::PER_PACK;
-    uint4 v[MAX_RANKS];
+// Polls line `l` of every peer's slot in this rank's buffer `buffer` until `arrived(w)` holds
+// for each, handing each arrived line to `take(q, w)`. False when the wait timed out or the
+// group is poisoned. Every low-latency reader waits through it.
+template <typename Arrived, typename Take>
+__device__ __forceinline__ bool ll_wait_peers(const SymmArgs& a, uint32_t buffer, uint64_t l, Arrived arrived,
+                                              Take take) {
     uint32_t pending = ((1u << a.world) - 1) & ~(1u << a.rank);
     Deadline d;
     while (pending != 0) {
@@ -66,14 +61,29 @@ __device__ __forceinline__ bool ll_sum_line(const SymmArgs& a, uint32_t buffer, 
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
             if (pending & (1u << q)) {
                 const ulonglong2 w = ld_line_sys(ll_line(a, a.rank, buffer, q, l));
-                if (line_arrived(w)) {
-                    v[q] = as_pack(w);
+                if (arrived(w)) {
+                    take(q, w);
                     pending &= ~(1u << q);
                 }
             }
         }
         if (pending != 0 && !d.keep_waiting(a, PHASE_ARRIVAL, __ffs(pending) - 1)) return false;
     }
+    return true;
+}
+
+// Waits for line `l` of every peer (`ll_wait_peers`), sums in rank order 0..W-1 in fp32 (this
+// rank's own contribution `own` from registers), stores the rounded line into `out` (n
+// elements), and re-arms the lines it consumed. False (nothing stored) when the wait timed
+// out or the group is poisoned. Shared by the all-reduce and the reduce-scatter, so both have
+// the arithmetic of every other algorithm.
+template <typename T>
+__device__ __forceinline__ bool ll_sum_line(const SymmArgs& a, uint32_t buffer, uint64_t l, uint4 own, T* out,
+                                            uint64_t n, bool out_aligned) {
+    constexpr uint32_t PER_LINE = Elem<T>::PER_PACK;
+    uint4 v[MAX_RANKS];
+    if (!ll_wait_peers(a, buffer, l, line_arrived, [&](uint32_t q, ulonglong2 w) { v[q] = as_pack(w); }))
+        return false;
     float acc[PER_LINE];
 #pragma unroll
     for (uint32_t q = 0; q < MAX_RANKS; ++q) {
@@ -138,20 +148,19 @@ __device__ __forceinline__ void one_shot_ll(const T* in, T* out, uint64_t n, con
     const uint64_t epoch = begin_call(a);
     if (epoch == 0) return;
     const uint64_t lines = (n + PER_LINE - 1) / PER_LINE;
-    const uint64_t first = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+    const PackLoop loop;  // one thread per line
     const uint32_t buffer = static_cast<uint32_t>(epoch % LL_BUFFERS);
     const bool in_aligned = is_aligned(in, 16), out_aligned = is_aligned(out, 16);
     const Coll coll(a, 0);
 
     // The first line stays in registers as this rank's own contribution.
-    const uint4 own_first = first < lines ? load_line(in, n, first, in_aligned) : make_uint4(0, 0, 0, 0);
-    for (uint64_t l = first; l < lines; l += step) {
+    const uint4 own_first = loop.first < lines ? load_line(in, n, loop.first, in_aligned) : make_uint4(0, 0, 0, 0);
+    for (uint64_t l = loop.first; l < lines; l += loop.step) {
         coll.broadcast_line(buffer, l,
-                            as_words(wire_pack<T>(l == first ? own_first : load_line(in, n, l, in_aligned))));
+                            as_words(wire_pack<T>(l == loop.first ? own_first : load_line(in, n, l, in_aligned))));
     }
-    for (uint64_t l = first; l < lines; l += step) {
-        const uint4 own = l == first ? own_first : load_line(in, n, l, in_aligned);
+    for (uint64_t l = loop.first; l < lines; l += loop.step) {
+        const uint4 own = l == loop.first ? own_first : load_line(in, n, l, in_aligned);
         if (!ll_sum_line(a, buffer, l, own, out, n, out_aligned)) break;
     }
     // Every peer's data for this call has arrived: the next kernel may start launching.
@@ -171,15 +180,14 @@ __device__ __forceinline__ void reduce_scatter_ll(const T* in, T* out, uint64_t 
     const uint64_t epoch = begin_call(a);
     if (epoch == 0) return;
     const uint64_t lines = (n + PER_LINE - 1) / PER_LINE;
-    const uint64_t first = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+    const PackLoop loop;  // one thread per line
     const uint32_t buffer = static_cast<uint32_t>(epoch % LL_BUFFERS);
     // Slice q starts at element q * n: 16-byte aligned only when n is a multiple of a line.
     const bool slices_aligned = is_aligned(in, 16) && n % PER_LINE == 0;
     const bool out_aligned = is_aligned(out, 16);
     const T* own_slice = in + a.rank * n;
 
-    for (uint64_t l = first; l < lines; l += step) {
+    for (uint64_t l = loop.first; l < lines; l += loop.step) {
 #pragma unroll
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
             if (q < a.world && q != a.rank) {
@@ -188,7 +196,7 @@ __device__ __forceinline__ void reduce_scatter_ll(const T* in, T* out, uint64_t 
             }
         }
     }
-    for (uint64_t l = first; l < lines; l += step) {
+    for (uint64_t l = loop.first; l < lines; l += loop.step) {
         if (!ll_sum_line(a, buffer, l, load_line(own_slice, n, l, slices_aligned), out, n, out_aligned)) break;
     }
     pdl_launch_dependents();

@@ -69,12 +69,11 @@ __device__ __forceinline__ void all_gather_ll(const char* in, char* out, uint64_
     const uint64_t epoch = begin_call(a);
     if (epoch == 0) return;
     const uint64_t lines = (chunk + LL_BYTES_PER_LINE - 1) / LL_BYTES_PER_LINE;
-    const uint64_t first = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+    const PackLoop loop;  // one thread per line
     const uint32_t buffer = static_cast<uint32_t>(epoch % LL_BUFFERS);
     const uint64_t flag = static_cast<uint64_t>(ll_byte_flag(chunk)) << 32;
 
-    for (uint64_t l = first; l < lines; l += step) {
+    for (uint64_t l = loop.first; l < lines; l += loop.step) {
         const uint2 v = load_byte_line(in, chunk, l);
         const ulonglong2 w = make_ulonglong2(flag | v.x, flag | v.y);
 #pragma unroll
@@ -85,30 +84,17 @@ __device__ __forceinline__ void all_gather_ll(const char* in, char* out, uint64_
         store_byte_line(out, a.rank * chunk + at, v, line_bytes(chunk, at));
     }
 
-    bool ok = true;
-    for (uint64_t l = first; ok && l < lines; l += step) {
+    for (uint64_t l = loop.first; l < lines; l += loop.step) {
         const uint64_t at = l * LL_BYTES_PER_LINE;
         const uint32_t count = line_bytes(chunk, at);
         uint2 v[MAX_RANKS];
-        uint32_t pending = ((1u << a.world) - 1) & ~(1u << a.rank);
-        Deadline d;
-        while (pending != 0) {
-#pragma unroll
-            for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-                if (pending & (1u << q)) {
-                    const ulonglong2 w = ld_line_sys(ll_line(a, a.rank, buffer, q, l));
-                    if ((w.x & ~0xffffffffull) == flag && (w.y & ~0xffffffffull) == flag) {
-                        v[q] = make_uint2(static_cast<uint32_t>(w.x), static_cast<uint32_t>(w.y));
-                        pending &= ~(1u << q);
-                    }
-                }
-            }
-            if (pending != 0 && !d.keep_waiting(a, PHASE_ARRIVAL, __ffs(pending) - 1)) {
-                ok = false;
-                break;
-            }
-        }
-        if (!ok) break;
+        const auto arrived = [&](ulonglong2 w) {
+            return (w.x & ~0xffffffffull) == flag && (w.y & ~0xffffffffull) == flag;
+        };
+        const auto take = [&](uint32_t q, ulonglong2 w) {
+            v[q] = make_uint2(static_cast<uint32_t>(w.x), static_cast<uint32_t>(w.y));
+        };
+        if (!ll_wait_peers(a, buffer, l, arrived, take)) break;
 #pragma unroll
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
             if (q < a.world && q != a.rank) {
