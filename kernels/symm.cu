@@ -63,3 +63,22 @@ extern "C" __global__ void symm_spin(const void*, void*, uint64_t ns, SymmArgs) 
     while (symm::global_timer_ns() < until) {
     }
 }
+
+// Benchmark helper: a stand-in for the GEMM that writes an all-reduce's input — copies `bytes`
+// from `src` to `dst`, 16 bytes an access (grid-stride) when both are 16-byte aligned, the tail
+// (or a misaligned pair, all of it) byte by byte. Launched as an ordinary kernel, as a user's
+// cuBLAS call would be: no programmatic serialization on its launch and no griddepcontrol here,
+// so it starts after the kernel before it completes, and a PDL launch after it may begin as it
+// finishes (that launch's griddepcontrol.wait then waits for all of it).
+extern "C" __global__ void __launch_bounds__(symm::THREADS) symm_produce(const void* src, void* dst, uint64_t bytes, SymmArgs) {
+    const uint64_t tid = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+    const bool aligned = ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) == 0;
+    const uint64_t vectors = aligned ? bytes / 16 : 0;
+    const uint4* s4 = static_cast<const uint4*>(src);
+    uint4* d4 = static_cast<uint4*>(dst);
+    for (uint64_t i = tid; i < vectors; i += stride) d4[i] = s4[i];
+    const uint8_t* s1 = static_cast<const uint8_t*>(src);
+    uint8_t* d1 = static_cast<uint8_t*>(dst);
+    for (uint64_t i = vectors * 16 + tid; i < bytes; i += stride) d1[i] = s1[i];
+}

@@ -432,6 +432,75 @@ fn bad_inputs_return_typed_errors_and_touch_nothing(ctx: Arc<CudaContext>) {
     .unwrap();
 }
 
+/// The benchmark's producer kernel (`__launch_producer`): an exact copy at any length and
+/// element offset (16-byte accesses where both ends allow, bytes elsewhere), typed errors
+/// before any launch, and a producer → all-reduce chain (PDL on) equal to the plain call.
+fn producer_kernel_copies_any_length_and_offset(ctx: Arc<CudaContext>) {
+    let (comms, streams) = group(&ctx, 2, config(4 << 20));
+    let s = &streams[0];
+    let mut rng = rng(0x9D0D);
+    let total = (1 << 20) + 64;
+    let src_host: Vec<bf16> = random_input(&mut rng, total);
+    let src = s.clone_htod(&src_host).unwrap();
+    for len in [1, 7, 8, 9, 4099, 1 << 20] {
+        for (from, to) in [(0, 0), (1, 1), (0, 3), (5, 0)] {
+            let mut dst = s.alloc_zeros::<bf16>(total).unwrap();
+            comms[0]
+                .__launch_producer(&src.slice(from..from + len), &mut dst.slice_mut(to..to + len), s)
+                .unwrap();
+            let got = s.clone_dtoh(&dst).unwrap();
+            let what = format!("len {len}, offsets {from} -> {to}");
+            check_bits(&what, &src_host[from..from + len], &got[to..to + len]).unwrap();
+            assert!(
+                got[..to].iter().chain(&got[to + len..]).all(|x| x.to_bits() == 0),
+                "{what}: wrote outside"
+            );
+        }
+    }
+
+    let sentinel = vec![bf16::from_f32(-7.0); 100];
+    let mut dst = s.clone_htod(&sentinel).unwrap();
+    assert!(matches!(
+        comms[0].__launch_producer(&src.slice(0..99), &mut dst, s),
+        Err(Error::LengthMismatch {
+            input: 99,
+            output: 100
+        })
+    ));
+    if let (Ok(empty), Ok(mut empty_out)) = (s.alloc_zeros::<bf16>(0), s.alloc_zeros::<bf16>(0)) {
+        assert!(matches!(
+            comms[0].__launch_producer(&empty, &mut empty_out, s),
+            Err(Error::Empty)
+        ));
+    }
+    s.synchronize().unwrap();
+    assert_eq!(s.clone_dtoh(&dst).unwrap(), sentinel);
+
+    // The chain: each rank's producer writes the all-reduce's input, which the PDL launch of
+    // the all-reduce must see whole.
+    let len = 3000;
+    let inputs: Vec<Vec<bf16>> = (0..2).map(|_| random_input(&mut rng, len)).collect();
+    let d_src: Vec<CudaSlice<bf16>> = streams
+        .iter()
+        .zip(&inputs)
+        .map(|(s, h)| s.clone_htod(h).unwrap())
+        .collect();
+    let mut staged: Vec<CudaSlice<bf16>> = streams.iter().map(|s| s.alloc_zeros(len).unwrap()).collect();
+    let mut outs: Vec<CudaSlice<bf16>> = streams.iter().map(|s| s.alloc_zeros(len).unwrap()).collect();
+    for r in 0..2 {
+        comms[r]
+            .__launch_producer(&d_src[r], &mut staged[r], &streams[r])
+            .unwrap();
+        comms[r]
+            .all_reduce(&staged[r], &mut outs[r], &streams[r])
+            .unwrap();
+    }
+    let expected = emulate(&inputs);
+    for (r, out) in collect_outputs(&comms, &streams, &outs).iter().enumerate() {
+        check_bits(&format!("chain, rank {r}"), &expected, out).unwrap();
+    }
+}
+
 fn stuck_peer_times_out_poisons_and_does_not_hang(ctx: Arc<CudaContext>) {
     let timeout = Duration::from_millis(200);
     for algo in [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::LowLatency] {
@@ -737,6 +806,7 @@ fn main() -> std::process::ExitCode {
             gpu_test!(thousand_back_to_back_calls_world_3),
             gpu_test!(graph_of_ten_all_reduces_replays_100_times_on_new_inputs),
             gpu_test!(bad_inputs_return_typed_errors_and_touch_nothing),
+            gpu_test!(producer_kernel_copies_any_length_and_offset),
             gpu_test!(stuck_peer_times_out_poisons_and_does_not_hang),
             gpu_test!(symmetric_in_place_every_dtype_and_world_back_to_back),
             gpu_test!(symmetric_in_place_replays_in_a_graph),

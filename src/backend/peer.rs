@@ -10,7 +10,7 @@ use crate::config::Config;
 use crate::driver::host::ErrorWord;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::kernels::abi::{check_shape, SymmArgs};
+use crate::kernels::abi::{check_shape, SymmArgs, THREADS_PER_BLOCK};
 use crate::kernels::coll::{self, GatherCounts};
 use crate::kernels::launch;
 use crate::kernels::norm_abi::NormArgs;
@@ -295,6 +295,38 @@ impl PeerBackend {
             threads: 32,
         };
         self.launch_function(self.kernels.spin(), one, (0, 0, ns as usize), self.args, stream)
+    }
+
+    /// Copies `bytes` from `src` to `dst` with the producer kernel, launched as an ordinary
+    /// kernel (no Programmatic Dependent Launch, whatever `Config::pdl` says), as a user's GEMM
+    /// would be. The caller validated that both are device ranges of at least `bytes` bytes on
+    /// this rank's device and made the context current.
+    pub(crate) fn launch_producer(
+        &self,
+        src: u64,
+        dst: u64,
+        bytes: usize,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        // Enough blocks for one 16-byte access a thread, at most 1024 (then grid-stride).
+        const MAX_BLOCKS: usize = 1024;
+        let threads = THREADS_PER_BLOCK as usize;
+        let blocks = bytes.div_ceil(16 * threads).clamp(1, MAX_BLOCKS) as u32;
+        // SAFETY: the producer takes (const void*, void*, u64 bytes, SymmArgs) and reads
+        // nothing of `args`; it handles any alignment (16-byte accesses only where both
+        // addresses allow them); the caller validated `bytes` against both ranges and their
+        // device.
+        unsafe {
+            launch::launch(
+                self.kernels.produce(),
+                (blocks, THREADS_PER_BLOCK, false),
+                src,
+                dst,
+                bytes,
+                &self.args,
+                stream,
+            )
+        }
     }
 
     /// Sets this rank's completed-call counter (tests: the protocol near 2^31 and 2^32).

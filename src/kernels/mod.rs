@@ -15,7 +15,7 @@ use cudarc::nvrtc::Ptx;
 
 use crate::dtype::DType;
 use crate::error::{CudaResultExt, Error, Result};
-use registry::{Family, Kernel, EMPTY_KERNEL, KERNELS, SPIN_KERNEL, SYNC_FLOOR_KERNEL};
+use registry::{Family, Kernel, EMPTY_KERNEL, KERNELS, PRODUCE_KERNEL, SPIN_KERNEL, SYNC_FLOOR_KERNEL};
 
 static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kernels.fatbin"));
 static PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
@@ -46,6 +46,7 @@ pub(crate) struct Kernels {
     empty: CudaFunction,
     sync_floor: CudaFunction,
     spin: CudaFunction,
+    produce: CudaFunction,
     arch: u32,
     ordinal: usize,
 }
@@ -89,6 +90,7 @@ impl Kernels {
             empty: load(EMPTY_KERNEL)?,
             sync_floor: load(SYNC_FLOOR_KERNEL)?,
             spin: load(SPIN_KERNEL)?,
+            produce: load(PRODUCE_KERNEL)?,
             arch,
             ordinal: ctx.ordinal(),
         })
@@ -126,6 +128,10 @@ impl Kernels {
 
     pub(crate) fn spin(&self) -> &CudaFunction {
         &self.spin
+    }
+
+    pub(crate) fn produce(&self) -> &CudaFunction {
+        &self.produce
     }
 
     /// Whether launches may use Programmatic Dependent Launch (compute capability 9.0+).

@@ -163,6 +163,9 @@ pub(crate) const EMPTY_KERNEL: &str = "symm_empty";
 pub(crate) const SYNC_FLOOR_KERNEL: &str = "symm_sync_floor";
 /// One thread spinning for `n` nanoseconds (a late rank, for tests and the benchmark).
 pub(crate) const SPIN_KERNEL: &str = "symm_spin";
+/// A byte copy launched as an ordinary kernel: the producer of an all-reduce's input in the
+/// benchmark's producer → all-reduce chain.
+pub(crate) const PRODUCE_KERNEL: &str = "symm_produce";
 
 impl Kernel {
     /// Its row in [`KERNELS`].
@@ -202,7 +205,7 @@ pub(crate) fn symbols() -> Vec<String> {
         .iter()
         .flat_map(|k| DType::ALL.map(|d| format!("symm_{}_{}", k.prefix, d.name())))
         .collect();
-    names.extend([EMPTY_KERNEL, SYNC_FLOOR_KERNEL, SPIN_KERNEL].map(String::from));
+    names.extend([EMPTY_KERNEL, SYNC_FLOOR_KERNEL, SPIN_KERNEL, PRODUCE_KERNEL].map(String::from));
     names
 }
 

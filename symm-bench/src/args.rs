@@ -144,6 +144,15 @@ pub struct Args {
     #[arg(long = "no-pdl")]
     pub no_pdl: bool,
 
+    /// Also time a producer kernel → all-reduce chain at each size (threads launcher, not with
+    /// --tune): per rank, an ordinary copy kernel standing for the GEMM that writes the
+    /// all-reduce's input, then `all_reduce_with(.., Auto)`, with PDL on (rows `chain_pdl`) and
+    /// off (`chain_no_pdl`, a second set of communicators with `Config::pdl` flipped) in the
+    /// same run, beside the producer alone (`producer_only`). Costs a second set of
+    /// communicators: 4 × capacity more per rank.
+    #[arg(long = "producer-chain")]
+    pub producer_chain: bool,
+
     /// `Config::low_latency_max_bytes`: the largest message `auto` sends to the low-latency
     /// kernel, and the largest `low_latency` runs (K/M suffixes).
     #[arg(long = "low-latency-max", value_name = "BYTES", value_parser = parse_size)]
@@ -445,6 +454,13 @@ impl Args {
             let sizes = size_range(min, max, self.stepfactor.unwrap_or(2))?;
             self.sizes = SizeSpec::List(sizes);
         }
+        if self.producer_chain && (self.launcher == Launcher::Processes || self.tune.is_some()) {
+            return Err(
+                "--producer-chain runs with the sweep of --launcher threads (not with --launcher \
+                        processes or --tune)"
+                    .into(),
+            );
+        }
         Ok(self)
     }
 }
@@ -494,6 +510,8 @@ pub struct RunPlan {
     pub check_divergence: bool,
     /// `--collectives`, in flag order, without repeats.
     pub collectives: Vec<CollectiveChoice>,
+    /// `--producer-chain`: the producer → all-reduce rows, PDL on and off.
+    pub producer_chain: bool,
 }
 
 impl RunPlan {
@@ -521,6 +539,17 @@ impl RunPlan {
                 .unwrap_or(symm_allreduce::Config::default().low_latency_max_bytes),
             pdl: !args.no_pdl,
             check_divergence: args.check_divergence,
+            producer_chain: args.producer_chain,
+        }
+    }
+
+    /// Capacity-sized buffers per rank: 3 of symmetric workspace plus an input and an output;
+    /// with `--producer-chain` also the PDL twin's workspace and the chain's staged input.
+    pub fn capacities_per_rank(&self) -> usize {
+        if self.producer_chain {
+            crate::bench::CAPACITIES_PER_RANK + 4
+        } else {
+            crate::bench::CAPACITIES_PER_RANK
         }
     }
 
@@ -580,6 +609,17 @@ impl RunPlan {
                             ops * launch_us
                         };
                         seconds += (ops * op_us + empty_us) * 1e-6 + ROW_OVERHEAD_S;
+                    }
+                }
+                if self.producer_chain {
+                    // Two chain rows (a producer and an all-reduce a round) and the producer
+                    // alone (W launches and 2·W·S bytes a round).
+                    let producer_us = launch_us + 2.0 * world as f64 * size as f64 / 4e6;
+                    let op_us = launch_us + 5.0 * world as f64 * size as f64 / 4e6;
+                    for &mode in &self.modes {
+                        let rounds = (self.warmup(mode) + self.rounds(mode)) as f64;
+                        let ops = rounds * mode.ops_per_round() as f64;
+                        seconds += ops * (3.0 * producer_us + 2.0 * op_us) * 1e-6 + 3.0 * ROW_OVERHEAD_S;
                     }
                 }
             }
@@ -907,6 +947,42 @@ mod tests {
         assert!(Args::try_parse_from(["symm-bench", "--algos", "ring"]).is_err());
         assert!(Args::try_parse_from(["symm-bench", "--dtype", "f64"]).is_err());
         assert!(Args::try_parse_from(["symm-bench", "--iters", "0"]).is_err());
+    }
+
+    #[test]
+    fn producer_chain_is_opt_in_and_sized_for_its_twin() {
+        let off = RunPlan::from_args(&parse(&["symm-bench"]));
+        assert!(!off.producer_chain);
+        assert_eq!(off.capacities_per_rank(), 5);
+        let argv = [
+            "symm-bench",
+            "--world",
+            "8",
+            "--sizes",
+            "8K,32K",
+            "--dtype",
+            "bf16",
+            "--algos",
+            "auto",
+            "--modes",
+            "graph_amortised",
+        ];
+        let plain = RunPlan::from_args(&parse(&argv));
+        let on = RunPlan::from_args(&parse(&[&argv[..], &["--producer-chain"]].concat()));
+        assert!(on.producer_chain && on.pdl);
+        assert_eq!(on.capacities_per_rank(), 9);
+        assert!(on.estimate(8) > plain.estimate(8));
+        // With --no-pdl the twin is the PDL-on half; the flag itself is unchanged.
+        let no_pdl = RunPlan::from_args(&parse(&["symm-bench", "--producer-chain", "--no-pdl"]));
+        assert!(no_pdl.producer_chain && !no_pdl.pdl);
+        // Only with the threads launcher's sweep.
+        for argv in [
+            &["symm-bench", "--producer-chain", "--launcher", "processes"][..],
+            &["symm-bench", "--producer-chain", "--tune"][..],
+        ] {
+            let err = Args::try_parse_from(argv).unwrap().resolve().unwrap_err();
+            assert!(err.contains("--producer-chain"), "{err}");
+        }
     }
 
     #[test]

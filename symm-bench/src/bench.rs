@@ -2,6 +2,7 @@
 
 mod collectives;
 mod fused;
+mod producer;
 
 pub use fused::FUSED_ALGOS;
 
@@ -74,6 +75,9 @@ pub struct Bench {
     timer: Timer,
     nccl_timer: Option<Timer>,
     comms: Vec<Communicator>,
+    /// With `--producer-chain`: the same group again with `Config::pdl` flipped (empty
+    /// otherwise).
+    pdl_twin: Vec<Communicator>,
     nccl: Baseline,
     nccl_broken: Option<String>,
     streams: Vec<Arc<CudaStream>>,
@@ -118,11 +122,17 @@ pub fn free_memory(ctxs: &[Arc<CudaContext>]) -> Result<usize, DriverError> {
     Ok(free)
 }
 
-/// The largest message per rank that fits: each rank needs 3·capacity of workspace (two data
-/// buffers and the symmetric buffer; the signals and low-latency slots fit in the headroom)
-/// plus an input and an output, and `ranks_per_device` ranks share a device.
-pub fn max_fitting_size(free: usize, ranks_per_device: usize) -> usize {
-    free.saturating_sub(HEADROOM) / (5 * ranks_per_device.max(1))
+/// Capacity-sized buffers per rank without `--producer-chain`: 3 of workspace, an input and
+/// an output.
+pub const CAPACITIES_PER_RANK: usize = 5;
+
+/// The largest message per rank that fits when each rank needs `capacities` capacity-sized
+/// buffers (`RunPlan::capacities_per_rank`: 3·capacity of workspace — two data buffers and
+/// the symmetric buffer; the signals and low-latency slots fit in the headroom — plus an input
+/// and an output, and more with `--producer-chain`), and `ranks_per_device` ranks share a
+/// device.
+pub fn max_fitting_size(free: usize, ranks_per_device: usize, capacities: usize) -> usize {
+    free.saturating_sub(HEADROOM) / (capacities.max(1) * ranks_per_device.max(1))
 }
 
 /// Median bandwidth of a 1 GiB device-to-device copy on `stream`, counting read and write
@@ -289,17 +299,28 @@ struct Buffers<T> {
 }
 
 impl Bench {
-    /// Streams, communicators and the NCCL baseline over `ctxs`.
+    /// Streams, communicators and the NCCL baseline over `ctxs`; with `pdl_twin`, a second
+    /// group with `Config::pdl` flipped (the producer chain's other half).
     pub fn new(
         ctxs: Vec<Arc<CudaContext>>,
         placement: Placement,
         config: Config,
         with_nccl: bool,
+        pdl_twin: bool,
     ) -> Result<Bench, BenchError> {
         let streams = ctxs
             .iter()
             .map(|c| c.new_stream())
             .collect::<Result<Vec<_>, _>>()?;
+        let pdl_twin = if pdl_twin {
+            let twin = Config {
+                pdl: !config.pdl,
+                ..config.clone()
+            };
+            Communicator::local_group(&ctxs, twin)?
+        } else {
+            Vec::new()
+        };
         let comms = Communicator::local_group(&ctxs, config)?;
         let timer = Timer::new(&streams)?;
         let nccl_streams = match placement {
@@ -318,6 +339,7 @@ impl Bench {
             timer,
             nccl_timer,
             comms,
+            pdl_twin,
             nccl,
             nccl_broken: None,
             streams,
@@ -430,6 +452,20 @@ impl Bench {
                     pb.suspend(|| eprintln!("symm-bench: {msg}"));
                     failures.push(msg);
                     self.nccl_broken = Some(e.to_string());
+                }
+                Err(e) => return Err(e),
+            }
+            pb.inc(1);
+        }
+        if plan.producer_chain {
+            pb.set_message(format!("{dtype} {} producer chain", format_size(bytes)));
+            match self.producer_rows(plan, bytes, len, &mut buffers, rows) {
+                Ok(()) => {}
+                Err(BenchError::Verify(why)) => {
+                    let msg =
+                        format!("{dtype} {bytes} B producer chain: verification failed, rows skipped: {why}");
+                    pb.suspend(|| eprintln!("symm-bench: {msg}"));
+                    failures.push(msg);
                 }
                 Err(e) => return Err(e),
             }
@@ -750,9 +786,11 @@ mod tests {
     fn sizes_fit_in_free_memory() {
         // 141 GB free, 8 virtual ranks: (141 - 1) GiB / 40.
         let free = 141usize << 30;
-        assert_eq!(max_fitting_size(free, 8), (140usize << 30) / 40);
-        assert!(max_fitting_size(free, 8) >= 256 << 20);
-        assert_eq!(max_fitting_size(free, 1), (140usize << 30) / 5);
-        assert_eq!(max_fitting_size(1 << 20, 8), 0);
+        assert_eq!(max_fitting_size(free, 8, 5), (140usize << 30) / 40);
+        assert!(max_fitting_size(free, 8, 5) >= 256 << 20);
+        assert_eq!(max_fitting_size(free, 1, 5), (140usize << 30) / 5);
+        assert_eq!(max_fitting_size(1 << 20, 8, 5), 0);
+        // --producer-chain: the twin's workspace and the staged input, 9 a rank.
+        assert_eq!(max_fitting_size(free, 8, 9), (140usize << 30) / 72);
     }
 }

@@ -14,7 +14,7 @@
 //! | --- | --- |
 //! | `dtype` | `bf16`, `f16` or `f32` |
 //! | `mode` | `eager`, `graph_amortised` (10 all-reduces per graph, time per all-reduce), `graph_isolated` (one per graph, each replay timed) |
-//! | `algo` | what was asked: `low_latency`, `one_shot`, `two_shot`, `auto`, `symmetric`, `nccl` |
+//! | `algo` | what was asked: `low_latency`, `one_shot`, `two_shot`, `auto`, `symmetric`, `nccl`; with `--producer-chain` `chain_pdl`, `chain_no_pdl`, `producer_only` (symm-bench/README.md) |
 //! | `kernel` | what ran (`auto` resolves to `low_latency`, `one_shot` or `two_shot`; `symmetric` runs `in_place`; `nccl`) |
 //! | `placement` | `virtual` (all ranks on one GPU), `per_gpu`, or `processes` (`--launcher processes`) |
 //! | `world` | ranks in this row (NCCL on one GPU runs with world 1) |
@@ -172,11 +172,22 @@ fn run(args: &Args) -> Result<ExitCode, Stop> {
         Placement::Virtual { .. } => args.world,
         Placement::PerGpu => 1,
     };
-    let dropped = plan.cap_sizes(bench::max_fitting_size(free, ranks_per_device));
+    let dropped = plan.cap_sizes(bench::max_fitting_size(
+        free,
+        ranks_per_device,
+        plan.capacities_per_rank(),
+    ));
     if !dropped.is_empty() {
         meta.notes.push(format!(
-            "sizes {} skipped: {ranks_per_device} rank(s) × (3×capacity + input + output) do not fit in {} MiB free",
+            "sizes {} skipped: {ranks_per_device} rank(s) × {} × capacity (3 of workspace, input, output{}) do not \
+             fit in {} MiB free",
             dropped.iter().map(|&s| format_size(s)).collect::<Vec<_>>().join(","),
+            plan.capacities_per_rank(),
+            if plan.producer_chain {
+                ", the PDL twin's workspace and the chain's staged input"
+            } else {
+                ""
+            },
             free >> 20
         ));
     }
@@ -193,8 +204,14 @@ fn run(args: &Args) -> Result<ExitCode, Stop> {
     meta.estimated_duration_s = Some(plan.estimate(args.world).as_secs_f64());
 
     let with_nccl = plan.algos.contains(&AlgoChoice::Nccl);
-    let mut bench = Bench::new(ctxs, placement, plan.config(capacity), with_nccl)
-        .map_err(|e| Stop::Failed(format!("setup failed: {e}")))?;
+    let mut bench = Bench::new(
+        ctxs,
+        placement,
+        plan.config(capacity),
+        with_nccl,
+        plan.producer_chain,
+    )
+    .map_err(|e| Stop::Failed(format!("setup failed: {e}")))?;
     meta.placement = placement.name().into();
     meta.devices = bench.device_names();
     meta.capacity_bytes = capacity;
@@ -224,7 +241,7 @@ fn run(args: &Args) -> Result<ExitCode, Stop> {
     let units: usize = plan
         .sizes
         .iter()
-        .map(|&s| plan.algos.iter().filter(|&&a| plan.runs(a, s)).count())
+        .map(|&s| plan.algos.iter().filter(|&&a| plan.runs(a, s)).count() + usize::from(plan.producer_chain))
         .sum::<usize>()
         * plan.dtypes.len();
     let pb = ProgressBar::new(units as u64);

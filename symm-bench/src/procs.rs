@@ -561,7 +561,11 @@ fn rank_main(args: &Args, env: &ChildEnv) -> Result<ExitCode, Stop> {
         let free = gather(&store, &(bench::free_memory(std::slice::from_ref(&ctx))? as u64))?;
         let free = free.into_iter().min().unwrap_or(0) as usize;
         let per_device = world.div_ceil(devices);
-        let dropped = plan.cap_sizes(bench::max_fitting_size(free, per_device));
+        let dropped = plan.cap_sizes(bench::max_fitting_size(
+            free,
+            per_device,
+            bench::CAPACITIES_PER_RANK,
+        ));
         if !dropped.is_empty() {
             meta.notes.push(format!(
                 "sizes {} skipped: {per_device} rank(s) × (3×capacity + input + output) do not fit in {} MiB free",

@@ -8,6 +8,13 @@ use serde::Serialize;
 
 use crate::args::Mode;
 
+/// `--producer-chain` row: the producer → all-reduce chain on the communicators with PDL on.
+pub const CHAIN_PDL: &str = "chain_pdl";
+/// The same chain on the twin communicators with `Config::pdl = false`.
+pub const CHAIN_NO_PDL: &str = "chain_no_pdl";
+/// The producer kernel alone, in the same launch structure.
+pub const PRODUCER_ONLY: &str = "producer_only";
+
 /// One measured (dtype, mode, algo, size). Columns are documented in `main.rs` and README.
 /// Built with the measured fields and `..Row::default()`, then [`Row::with_derived`] fills
 /// the rest.
@@ -69,10 +76,14 @@ impl Row {
         self
     }
 
-    /// Whether this row times an all-gather, a reduce-scatter or the fused call (not
-    /// compared with the NCCL all-reduce rows).
+    /// Whether this row times an all-gather, a reduce-scatter, the fused call or a producer
+    /// chain row (not compared with the NCCL all-reduce rows).
     pub fn is_other_call(&self) -> bool {
-        self.hidden.is_some() || matches!(self.algo.as_str(), "all_gather" | "reduce_scatter")
+        self.hidden.is_some()
+            || matches!(
+                self.algo.as_str(),
+                "all_gather" | "reduce_scatter" | CHAIN_PDL | CHAIN_NO_PDL | PRODUCER_ONLY
+            )
     }
 
     /// Whether this is the NCCL baseline.
@@ -270,6 +281,21 @@ pub fn summary(rows: &[Row], d2d_copy_gbs: Option<f64>) -> Vec<String> {
             ));
         }
     }
+    let chain = [Mode::GraphAmortised, Mode::GraphIsolated, Mode::Eager]
+        .into_iter()
+        .find_map(|m| Some((find(CHAIN_PDL, m, 8 << 10)?, find(CHAIN_NO_PDL, m, 8 << 10)?)));
+    if let Some((on, off)) = chain {
+        let alone = find(PRODUCER_ONLY, on.mode, 8 << 10).map_or_else(String::new, |p| {
+            format!("; the producer alone {:.2} µs", p.time_us)
+        });
+        out.push(format!(
+            "#   producer→all-reduce, PDL on vs off: {:.2} vs {:.2} µs (8K {}, auto→{}{alone})",
+            on.time_us,
+            off.time_us,
+            on.mode.name(),
+            on.kernel
+        ));
+    }
     for algo in ["two_shot", "symmetric", "pool", "one_shot"] {
         let r =
             find(algo, Mode::GraphAmortised, 64 << 20).or_else(|| find(algo, Mode::GraphIsolated, 64 << 20));
@@ -417,6 +443,44 @@ pub(crate) mod tests {
         assert!(s.contains("empty 3.00 + 2.00 µs"), "{s}");
         // 2·8·64 MiB / 500 µs = 2147.5 GB/s, 0.54 of 4000.
         assert!(s.contains("hbm 2147.5 GB/s = 0.54 × D2D copy"), "{s}");
+    }
+
+    #[test]
+    fn producer_chain_rows_are_labelled_summarised_and_not_compared_with_nccl() {
+        let kernel = |r: Row, k: &str| Row {
+            kernel: k.into(),
+            ..r
+        };
+        let mut rows = vec![
+            kernel(row(CHAIN_PDL, Mode::GraphAmortised, 8192, 7.5), "low_latency"),
+            kernel(row(CHAIN_NO_PDL, Mode::GraphAmortised, 8192, 8.25), "low_latency"),
+            row(PRODUCER_ONLY, Mode::GraphAmortised, 8192, 3.0),
+            row("nccl", Mode::GraphAmortised, 8192, 20.0),
+        ];
+        fill_nccl_ratios(&mut rows);
+        assert!(rows.iter().all(|r| r.vs_nccl.is_none()));
+        assert_eq!(rows[0].label(8), "chain_pdl→low_latency");
+        assert_eq!(rows[1].label(8), "chain_no_pdl→low_latency");
+        assert_eq!(rows[2].label(8), "producer_only");
+        let s = summary(&rows, None).join("\n");
+        assert!(
+            s.contains(
+                "#   producer→all-reduce, PDL on vs off: 7.50 vs 8.25 µs (8K graph_amortised, \
+                 auto→low_latency; the producer alone 3.00 µs)"
+            ),
+            "{s}"
+        );
+        // Only where both halves exist.
+        assert!(summary(&rows[..1], None).is_empty());
+        // Another size, no line.
+        let other: Vec<Row> = rows
+            .iter()
+            .map(|r| Row {
+                size_bytes: 32768,
+                ..r.clone()
+            })
+            .collect();
+        assert!(summary(&other, None).is_empty());
     }
 
     #[test]

@@ -577,7 +577,7 @@ pub fn run(args: &Args, out: &Path) -> Result<ExitCode, Stop> {
             Placement::Virtual { .. } => world,
             Placement::PerGpu => 1,
         };
-        let fits = bench::max_fitting_size(free, ranks_per_device);
+        let fits = bench::max_fitting_size(free, ranks_per_device, bench::CAPACITIES_PER_RANK);
         let here: Vec<usize> = sizes.iter().copied().filter(|&s| s <= fits).collect();
         let Some(&capacity) = here.last() else {
             return Err(Stop::Failed(format!("W={world}: no size fits in device memory")));
@@ -594,7 +594,7 @@ pub fn run(args: &Args, out: &Path) -> Result<ExitCode, Stop> {
             low_latency_max_bytes: LL_TUNE_MAX.min(capacity),
             ..Config::default()
         };
-        let mut bench = match Bench::new(ctxs, placement, config, with_nccl) {
+        let mut bench = match Bench::new(ctxs, placement, config, with_nccl, false) {
             Ok(b) => b,
             Err(e) => {
                 let msg = format!("W={world}: setup failed: {e}");
@@ -620,6 +620,7 @@ pub fn run(args: &Args, out: &Path) -> Result<ExitCode, Stop> {
             pdl: !args.no_pdl,
             check_divergence: false,
             collectives: vec![crate::args::CollectiveChoice::AllReduce],
+            producer_chain: false,
         };
         eprintln!(
             "symm-bench --tune: W={world} ({}), {} sizes {}..{}",
