@@ -160,13 +160,20 @@ pub(crate) struct Measured {
 /// grid and launch structure.
 fn timed_row(m: &Measured, e: &Measured) -> Row {
     Row {
+        empty_us: Some(e.stats.median),
+        empty_host_us: Some(e.host_us),
+        ..measured_row(m)
+    }
+}
+
+/// A row's timing columns from `m` (no empty-kernel floor beside it).
+pub(crate) fn measured_row(m: &Measured) -> Row {
+    Row {
         time_us: m.stats.median,
         p10_us: m.stats.p10,
         p90_us: m.stats.p90,
         samples: m.samples,
-        empty_us: Some(e.stats.median),
         host_us: m.host_us,
-        empty_host_us: Some(e.host_us),
         ..Row::default()
     }
 }
@@ -733,12 +740,7 @@ impl Bench {
                         blocks: None,
                         size_bytes: bytes,
                         count: len,
-                        time_us: m.stats.median,
-                        p10_us: m.stats.p10,
-                        p90_us: m.stats.p90,
-                        samples: m.samples,
-                        host_us: m.host_us,
-                        ..Row::default()
+                        ..measured_row(&m)
                     }
                     .with_derived(),
                 );

@@ -12,7 +12,7 @@
 use symm_allreduce::cudarc::driver::CudaSlice;
 use symm_allreduce::Algorithm;
 
-use super::{measure, Bench, BenchError};
+use super::{measure, measured_row, Bench, BenchError};
 use crate::args::{CollectiveChoice, RunPlan};
 use crate::data::{random_input, seed, BenchElem};
 use crate::report::Row;
@@ -142,12 +142,7 @@ impl Bench {
                     blocks: path.plan.map(|p| p.blocks),
                     size_bytes: bytes,
                     count: k,
-                    time_us: m.stats.median,
-                    p10_us: m.stats.p10,
-                    p90_us: m.stats.p90,
-                    samples: m.samples,
-                    host_us: m.host_us,
-                    ..Row::default()
+                    ..measured_row(&m)
                 }
                 .with_derived();
                 row.busbw_gbs = row.algbw_gbs * (world as f64 - 1.0) / world as f64;

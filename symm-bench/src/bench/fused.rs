@@ -9,7 +9,7 @@ use indicatif::ProgressBar;
 use symm_allreduce::cudarc::driver::CudaSlice;
 use symm_allreduce::Algorithm;
 
-use super::{measure, Bench, BenchError};
+use super::{measure, measured_row, Bench, BenchError};
 use crate::args::RunPlan;
 use crate::data::{random_input, seed, BenchElem};
 use crate::report::Row;
@@ -195,12 +195,7 @@ impl Bench {
                     size_bytes: len * dtype.size(),
                     count: len,
                     hidden: Some(hidden),
-                    time_us: m.stats.median,
-                    p10_us: m.stats.p10,
-                    p90_us: m.stats.p90,
-                    samples: m.samples,
-                    host_us: m.host_us,
-                    ..Row::default()
+                    ..measured_row(&m)
                 }
                 .with_derived(),
             );

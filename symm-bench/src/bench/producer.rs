@@ -14,7 +14,7 @@ use std::sync::Arc;
 use symm_allreduce::cudarc::driver::{CudaSlice, CudaStream};
 use symm_allreduce::{Algorithm, Communicator};
 
-use super::{measure, Bench, BenchError, Buffers};
+use super::{measure, measured_row, Bench, BenchError, Buffers};
 use crate::args::RunPlan;
 use crate::data::BenchElem;
 use crate::report::{Row, CHAIN_NO_PDL, CHAIN_PDL, PRODUCER_ONLY};
@@ -131,12 +131,7 @@ impl Bench {
                         blocks: with_all_reduce.then_some(kernel.blocks),
                         size_bytes: bytes,
                         count: len,
-                        time_us: m.stats.median,
-                        p10_us: m.stats.p10,
-                        p90_us: m.stats.p90,
-                        samples: m.samples,
-                        host_us: m.host_us,
-                        ..Row::default()
+                        ..measured_row(&m)
                     }
                     .with_derived(),
                 );
