@@ -178,6 +178,22 @@ pub(crate) fn measured_row(m: &Measured) -> Row {
     }
 }
 
+/// Times `round` in `mode` with the plan's rounds and warm-up, then waits for every rank.
+fn measure_synced(
+    timer: &mut Timer,
+    comms: &[Communicator],
+    streams: &[Arc<CudaStream>],
+    plan: &RunPlan,
+    mode: Mode,
+    round: &mut dyn FnMut() -> Result<(), BenchError>,
+) -> Result<Measured, BenchError> {
+    let m = measure(timer, streams, mode, plan.rounds(mode), plan.warmup(mode), round)?;
+    for (c, s) in comms.iter().zip(streams) {
+        c.synchronize(s)?;
+    }
+    Ok(m)
+}
+
 /// Times `round` in `mode`, then the empty kernel with the grid of a call of `len` elements
 /// of `dtype` under `algorithm`, then waits for every rank.
 #[allow(clippy::too_many_arguments)]

@@ -9,7 +9,7 @@ use indicatif::ProgressBar;
 use symm_allreduce::cudarc::driver::CudaSlice;
 use symm_allreduce::Algorithm;
 
-use super::{measure, measured_row, Bench, BenchError};
+use super::{measure_synced, measured_row, Bench, BenchError};
 use crate::args::RunPlan;
 use crate::data::{random_input, seed, BenchElem};
 use crate::report::Row;
@@ -172,17 +172,7 @@ impl Bench {
         // which costs the kernels nothing).
         for &mode in &plan.modes {
             let mut round = || fused_round(comms, streams, bufs, (tokens, hidden), algorithm);
-            let m = measure(
-                &mut self.timer,
-                streams,
-                mode,
-                plan.rounds(mode),
-                plan.warmup(mode),
-                &mut round,
-            )?;
-            for (c, s) in comms.iter().zip(streams) {
-                c.synchronize(s)?;
-            }
+            let m = measure_synced(&mut self.timer, comms, streams, plan, mode, &mut round)?;
             rows.push(
                 Row {
                     dtype: dtype.name().into(),

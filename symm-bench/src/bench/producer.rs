@@ -14,7 +14,7 @@ use std::sync::Arc;
 use symm_allreduce::cudarc::driver::{CudaSlice, CudaStream};
 use symm_allreduce::{Algorithm, Communicator};
 
-use super::{measure, measured_row, Bench, BenchError, Buffers};
+use super::{measure_synced, measured_row, Bench, BenchError, Buffers};
 use crate::args::RunPlan;
 use crate::data::BenchElem;
 use crate::report::{Row, CHAIN_NO_PDL, CHAIN_PDL, PRODUCER_ONLY};
@@ -105,17 +105,7 @@ impl Bench {
                     let outputs = with_all_reduce.then_some(&mut outputs[..]);
                     chain_round(group, streams, inputs, &mut staged, outputs)
                 };
-                let m = measure(
-                    &mut self.timer,
-                    streams,
-                    mode,
-                    plan.rounds(mode),
-                    plan.warmup(mode),
-                    &mut round,
-                )?;
-                for (c, s) in group.iter().zip(streams) {
-                    c.synchronize(s)?;
-                }
+                let m = measure_synced(&mut self.timer, group, streams, plan, mode, &mut round)?;
                 rows.push(
                     Row {
                         dtype: dtype.name().into(),
