@@ -624,7 +624,8 @@ fn nccl_bootstrap_world_of_one_routes_large_calls_to_nccl_correctly(ctx: Arc<Cud
     assert!(comm.has_nccl_fallback());
     let path = |len, dtype| comm.path(len, dtype, Algorithm::Auto).unwrap();
     assert_eq!(path(1024, DType::F32).algorithm, Algorithm::LowLatency);
-    assert_eq!(path(10_000, DType::F32).algorithm, Algorithm::OneShot);
+    // One rank above the low-latency limit: the two-shot, a single pass from input to output.
+    assert_eq!(path(10_000, DType::F32).algorithm, Algorithm::TwoShot);
     let above = path(64 << 10, DType::F32);
     assert_eq!(above.algorithm, Algorithm::Nccl);
     assert!(above.reason.contains("nccl_above_bytes"), "{above}");
