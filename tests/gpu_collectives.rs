@@ -75,6 +75,25 @@ fn same_bytes<T: Gatherable>(what: &str, expected: &[T], got: &[T]) -> Result<()
     }
 }
 
+/// One rank's outputs of a round of mixed calls: the all-reduce and the reduce-scatter
+/// bit-exact against the emulation, the all-gather byte for byte.
+fn check_mixed<A: TestElem, R: TestElem>(
+    what: &str,
+    s: &Arc<CudaStream>,
+    (ar_ref, ar): (&[A], &CudaSlice<A>),
+    (ag_ref, ag): (&[u8], &CudaSlice<u8>),
+    (rs_ref, rs): (&[R], &CudaSlice<R>),
+) {
+    check_bits(&format!("{what} all_reduce"), ar_ref, &s.clone_dtoh(ar).unwrap()).unwrap();
+    same_bytes(&format!("{what} all_gather"), ag_ref, &s.clone_dtoh(ag).unwrap()).unwrap();
+    check_bits(
+        &format!("{what} reduce_scatter"),
+        rs_ref,
+        &s.clone_dtoh(rs).unwrap(),
+    )
+    .unwrap();
+}
+
 fn sync_all(comms: &[Communicator], streams: &[Arc<CudaStream>]) -> Result<(), String> {
     for (r, (c, s)) in comms.iter().zip(streams).enumerate() {
         c.synchronize(s).map_err(|e| format!("rank {r}: {e}"))?;
@@ -378,24 +397,13 @@ fn back_to_back_calls_mixed_with_all_reduce(ctx: Arc<CudaContext>) {
             for r in 0..w {
                 let s = &streams[r];
                 let what = format!("W={w} round {round} rank {r}");
-                check_bits(
-                    &format!("{what} all_reduce"),
-                    &ar_ref,
-                    &s.clone_dtoh(&outs[r].0).unwrap(),
-                )
-                .unwrap();
-                same_bytes(
-                    &format!("{what} all_gather"),
-                    &ag_ref,
-                    &s.clone_dtoh(&outs[r].1).unwrap(),
-                )
-                .unwrap();
-                check_bits(
-                    &format!("{what} reduce_scatter"),
-                    &rs_ref[r * k..(r + 1) * k],
-                    &s.clone_dtoh(&outs[r].2).unwrap(),
-                )
-                .unwrap();
+                check_mixed(
+                    &what,
+                    s,
+                    (&ar_ref, &outs[r].0),
+                    (&ag_ref, &outs[r].1),
+                    (&rs_ref[r * k..(r + 1) * k], &outs[r].2),
+                );
                 if total > 0 {
                     same_bytes(
                         &format!("{what} all_gather_v"),
@@ -969,24 +977,13 @@ fn low_latency_collectives_share_the_region_without_breaking_the_sentinel(ctx: A
             for r in 0..w {
                 let s = &streams[r];
                 let what = format!("W={w} round {round} rank {r}");
-                check_bits(
-                    &format!("{what} all_reduce"),
-                    &ar_ref,
-                    &s.clone_dtoh(&outs[r].0).unwrap(),
-                )
-                .unwrap();
-                same_bytes(
-                    &format!("{what} all_gather"),
-                    &ag_ref,
-                    &s.clone_dtoh(&outs[r].1).unwrap(),
-                )
-                .unwrap();
-                check_bits(
-                    &format!("{what} reduce_scatter"),
-                    &rs_ref[r * len..(r + 1) * len],
-                    &s.clone_dtoh(&outs[r].2).unwrap(),
-                )
-                .unwrap();
+                check_mixed(
+                    &what,
+                    s,
+                    (&ar_ref, &outs[r].0),
+                    (&ag_ref, &outs[r].1),
+                    (&rs_ref[r * len..(r + 1) * len], &outs[r].2),
+                );
                 if round % 5 == 0 {
                     same_bytes(
                         &format!("{what} one-shot all_gather"),
@@ -1084,24 +1081,13 @@ fn low_latency_graph_replays_100_times_on_new_inputs(ctx: Arc<CudaContext>) {
         for r in 0..W {
             let s = &streams[r];
             let what = format!("replay {replay} rank {r}");
-            same_bytes(
-                &format!("{what} all_gather"),
-                &ag_ref,
-                &s.clone_dtoh(&outs[r].0).unwrap(),
-            )
-            .unwrap();
-            check_bits(
-                &format!("{what} reduce_scatter"),
-                &rs_ref[r * rs_len..(r + 1) * rs_len],
-                &s.clone_dtoh(&outs[r].1).unwrap(),
-            )
-            .unwrap();
-            check_bits(
-                &format!("{what} all_reduce"),
-                &ar_ref,
-                &s.clone_dtoh(&outs[r].2).unwrap(),
-            )
-            .unwrap();
+            check_mixed(
+                &what,
+                s,
+                (&ar_ref, &outs[r].2),
+                (&ag_ref, &outs[r].0),
+                (&rs_ref[r * rs_len..(r + 1) * rs_len], &outs[r].1),
+            );
         }
     }
     for (r, c) in comms.iter().enumerate() {

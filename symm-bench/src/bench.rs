@@ -49,6 +49,26 @@ pub enum BenchError {
     Ranks(String),
 }
 
+/// Rows whose output failed verification are skipped: the failure is printed above the
+/// progress bar and kept in `failures` (the run then exits non-zero); any other error is
+/// returned. `what` names the rows.
+pub(crate) fn skip_unverified(
+    result: Result<(), BenchError>,
+    what: impl FnOnce() -> String,
+    pb: &ProgressBar,
+    failures: &mut Vec<String>,
+) -> Result<(), BenchError> {
+    match result {
+        Err(BenchError::Verify(why)) => {
+            let msg = format!("{}: verification failed, skipped: {why}", what());
+            pb.suspend(|| eprintln!("symm-bench: {msg}"));
+            failures.push(msg);
+            Ok(())
+        }
+        other => other,
+    }
+}
+
 /// Where the ranks run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placement {
@@ -460,16 +480,9 @@ impl Bench {
                 Some(a) => self.symm_rows(plan, a, algo, bytes, len, &mut buffers, rows),
                 None => self.nccl_rows(plan, bytes, len, &mut buffers, rows),
             };
-            match result {
+            let what = || format!("{dtype} {bytes} B {}", algo.name());
+            match skip_unverified(result, what, pb, failures) {
                 Ok(()) => {}
-                Err(BenchError::Verify(why)) => {
-                    let msg = format!(
-                        "{dtype} {bytes} B {}: verification failed, row skipped: {why}",
-                        algo.name()
-                    );
-                    pb.suspend(|| eprintln!("symm-bench: {msg}"));
-                    failures.push(msg);
-                }
                 Err(e) if algo == AlgoChoice::Nccl => {
                     let msg = format!("{dtype} {bytes} B nccl: {e}; NCCL rows stop here");
                     pb.suspend(|| eprintln!("symm-bench: {msg}"));
@@ -482,30 +495,20 @@ impl Bench {
         }
         if plan.producer_chain {
             pb.set_message(format!("{dtype} {} producer chain", format_size(bytes)));
-            match self.producer_rows(plan, bytes, len, &mut buffers, rows) {
-                Ok(()) => {}
-                Err(BenchError::Verify(why)) => {
-                    let msg =
-                        format!("{dtype} {bytes} B producer chain: verification failed, rows skipped: {why}");
-                    pb.suspend(|| eprintln!("symm-bench: {msg}"));
-                    failures.push(msg);
-                }
-                Err(e) => return Err(e),
-            }
+            let result = self.producer_rows(plan, bytes, len, &mut buffers, rows);
+            skip_unverified(
+                result,
+                || format!("{dtype} {bytes} B producer chain"),
+                pb,
+                failures,
+            )?;
             pb.inc(1);
         }
         self.sync_floor_rows(plan, dtype, bytes, len, rows)?;
         for &c in &plan.collectives {
             if c != CollectiveChoice::AllReduce {
-                match self.collective_rows::<T>(plan, c, size, rows) {
-                    Ok(()) => {}
-                    Err(BenchError::Verify(why)) => {
-                        let msg = format!("{dtype} {size} B {c:?}: verification failed, row skipped: {why}");
-                        pb.suspend(|| eprintln!("symm-bench: {msg}"));
-                        failures.push(msg);
-                    }
-                    Err(e) => return Err(e),
-                }
+                let result = self.collective_rows::<T>(plan, c, size, rows);
+                skip_unverified(result, || format!("{dtype} {size} B {c:?}"), pb, failures)?;
             }
         }
         for s in &self.streams {

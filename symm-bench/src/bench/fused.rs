@@ -9,7 +9,7 @@ use indicatif::ProgressBar;
 use symm_allreduce::cudarc::driver::CudaSlice;
 use symm_allreduce::Algorithm;
 
-use super::{measure_synced, measured_row, Bench, BenchError};
+use super::{measure_synced, measured_row, skip_unverified, Bench, BenchError};
 use crate::args::RunPlan;
 use crate::data::{random_input, seed, BenchElem};
 use crate::report::Row;
@@ -73,18 +73,14 @@ impl Bench {
             let reference = self.fused_reference(&mut bufs, &mut reference_out, len, hidden)?;
             for (algorithm, name) in FUSED_ALGOS {
                 pb.set_message(format!("{dtype} fused {t}x{hidden} {name}"));
-                match self.fused_algo_rows(plan, &mut bufs, &reference, (t, hidden), (algorithm, name), rows)
-                {
-                    Ok(()) => {}
-                    Err(BenchError::Verify(why)) => {
-                        let msg = format!(
-                            "{dtype} fused {t}x{hidden} {name}: verification failed, row skipped: {why}"
-                        );
-                        pb.suspend(|| eprintln!("symm-bench: {msg}"));
-                        failures.push(msg);
-                    }
-                    Err(e) => return Err(e),
-                }
+                let result =
+                    self.fused_algo_rows(plan, &mut bufs, &reference, (t, hidden), (algorithm, name), rows);
+                skip_unverified(
+                    result,
+                    || format!("{dtype} fused {t}x{hidden} {name}"),
+                    pb,
+                    failures,
+                )?;
             }
         }
         for s in &self.streams {
