@@ -129,10 +129,10 @@ impl Multicast {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// Largest message, in bytes, one call may reduce. Each rank allocates three times this
-    /// (two data buffers used alternately and the zero-copy symmetric buffer), plus 64 KiB of
-    /// signals and call state, plus the low-latency slots (`3 · world ·
-    /// min(low_latency_max_bytes, capacity)` bytes, rounded up to 16), rounded up to the
-    /// device granularity.
+    /// (two data buffers used alternately and the zero-copy symmetric buffer), plus 128 KiB of
+    /// signals, call state and divergence-check slots, plus the low-latency slots (`3 · world ·`
+    /// [`Config::low_latency_limit`] bytes, each slot rounded up to 16), plus the symmetric
+    /// pool ([`Config::pool_bytes`]), rounded up to the device granularity.
     pub capacity_bytes: usize,
     /// Algorithm used when a call does not force one.
     pub algorithm: Algorithm,
