@@ -143,7 +143,7 @@ pub struct Config {
     /// Most blocks one rank launches (1..=64, default 64). Fewer are used where the device
     /// cannot keep every rank's blocks resident at once (ranks sharing a GPU divide it), and
     /// small messages use fewer anyway (one thread per 16-byte pack). A lone rank moves
-    /// 64 MiB at 0.82 × copy speed with 64 blocks, 0.54 × with 32 (H200, two-shot).
+    /// 64 MiB at 0.81 × copy speed with 64 blocks, 0.54 × with 32 (H200, two-shot).
     pub max_blocks_per_rank: usize,
     /// `Auto` uses the barrier-free low-latency kernel up to this many bytes (inclusive;
     /// 0 turns it off) for a (dtype, world) that the tuning table does not name. Each rank
