@@ -129,10 +129,10 @@ impl Multicast {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// Largest message, in bytes, one call may reduce. Each rank allocates three times this
-    /// (two data buffers used alternately and the zero-copy symmetric buffer), plus 64 KiB of
-    /// signals and call state, plus the low-latency slots (`3 · world ·
-    /// min(low_latency_max_bytes, capacity)` bytes, rounded up to 16), rounded up to the
-    /// device granularity.
+    /// (two data buffers used alternately and the zero-copy symmetric buffer), plus 128 KiB of
+    /// signals, call state and divergence-check slots, plus the low-latency slots (`3 · world ·`
+    /// [`Config::low_latency_limit`] bytes, each slot rounded up to 16), plus the symmetric
+    /// pool ([`Config::pool_bytes`]), rounded up to the device granularity.
     pub capacity_bytes: usize,
     /// Algorithm used when a call does not force one.
     pub algorithm: Algorithm,
@@ -143,7 +143,7 @@ pub struct Config {
     /// Most blocks one rank launches (1..=64, default 64). Fewer are used where the device
     /// cannot keep every rank's blocks resident at once (ranks sharing a GPU divide it), and
     /// small messages use fewer anyway (one thread per 16-byte pack). A lone rank moves
-    /// 64 MiB at 0.82 × copy speed with 64 blocks, 0.54 × with 32 (H200, two-shot).
+    /// 64 MiB at 0.81 × copy speed with 64 blocks, 0.54 × with 32 (H200, two-shot).
     pub max_blocks_per_rank: usize,
     /// `Auto` uses the barrier-free low-latency kernel up to this many bytes (inclusive;
     /// 0 turns it off) for a (dtype, world) that the tuning table does not name. Each rank

@@ -156,7 +156,11 @@ impl std::fmt::Display for StoreAddress {
 /// use symm_allreduce::{Communicator, Config, SocketStore, StoreAddress};
 /// # fn main() -> Result<(), symm_allreduce::Error> {
 /// # let (rank, world) = (0, 2);
-/// let store = SocketStore::new(&StoreAddress::parse("@my-job-42"), rank, world, Duration::from_secs(30))?;
+/// // The launcher makes the address once (`StoreAddress::unique("my-job")?`) and hands its
+/// // text, which carries the launch secret, to every rank; without a secret `new` returns
+/// // `Error::MissingSecret`.
+/// # let text = StoreAddress::unique("my-job")?.to_string();
+/// let store = SocketStore::new(&StoreAddress::parse(&text), rank, world, Duration::from_secs(30))?;
 /// let comm = Communicator::new(&store, symm_allreduce::context(0)?, Config::default())?;
 /// # Ok(()) }
 /// ```

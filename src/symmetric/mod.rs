@@ -50,8 +50,9 @@ const _: () = assert!(MAX_RANKS <= SLOTS_PER_ROW);
 pub struct Layout {
     /// Bytes of one data buffer and of the symmetric buffer (capacity rounded up to 4 KiB).
     pub data_bytes: usize,
-    /// Bytes of one low-latency slot: `min(low_latency_max_bytes, capacity)` rounded up to
-    /// whole 16-byte lines (each line carries 16 payload bytes).
+    /// Bytes of one low-latency slot: [`crate::Config::low_latency_limit`] (the larger of
+    /// `low_latency_max_bytes` and the tuning table's largest low-latency threshold, at most
+    /// the capacity) rounded up to whole 16-byte lines (each line carries 16 payload bytes).
     pub ll_slot_bytes: usize,
     /// Offset of the symmetric pool inside each rank's allocation (4 KiB aligned).
     pub pool_offset: usize,
