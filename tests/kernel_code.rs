@@ -102,6 +102,8 @@ fn every_kernel_is_present_and_peer_data_moves_in_16_byte_packs() {
         "reduce_scatter",
         "all_gather_ll",
         "reduce_scatter_ll",
+        "fused_one_shot",
+        "fused_two_shot",
         "in_place_mm",
         "one_shot_mm",
         "one_shot_ll_mm",

@@ -61,7 +61,8 @@ impl Communicator {
 
     /// [`all_reduce_add_rmsnorm`](Self::all_reduce_add_rmsnorm) with a forced algorithm:
     /// `OneShot` or `TwoShot` (`LowLatency` has no fused kernel and takes the one-shot;
-    /// `Nccl` runs NCCL's all-reduce into `norm_out`, then the unfused epilogue).
+    /// `Nccl` runs NCCL's all-reduce into `norm_out`, then the unfused epilogue; the multimem
+    /// algorithms have no fused kernel and are refused with [`Error::InvalidConfig`]).
     #[allow(clippy::too_many_arguments)]
     pub fn all_reduce_add_rmsnorm_with<T: Element>(
         &self,

@@ -277,7 +277,10 @@ pub(crate) fn route_collective(
     };
     let low_latency = c.low_latency_kernel();
     match requested {
-        Algorithm::TwoShot | Algorithm::Multimem => {
+        Algorithm::TwoShot
+        | Algorithm::Multimem
+        | Algorithm::MultimemOneShot
+        | Algorithm::MultimemLowLatency => {
             return Err(invalid(
                 c.name(),
                 format!("there is no {requested} kernel for it: pass Auto, LowLatency, OneShot or Nccl"),
@@ -553,7 +556,12 @@ mod tests {
             Err(Error::NcclUnavailable { .. })
         ));
         // There is no two-shot or multimem all-gather.
-        for a in [Algorithm::TwoShot, Algorithm::Multimem] {
+        for a in [
+            Algorithm::TwoShot,
+            Algorithm::Multimem,
+            Algorithm::MultimemOneShot,
+            Algorithm::MultimemLowLatency,
+        ] {
             assert!(matches!(
                 route_collective(&ag(8), &c, a, both),
                 Err(Error::InvalidCollective { .. })

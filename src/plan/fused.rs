@@ -83,13 +83,21 @@ impl NormShape {
     }
 }
 
-/// The fused kernel of an algorithm: low-latency has none (its slots carry 8 bytes per line,
-/// not rows), so it takes the barrier one-shot.
+/// The fused kernel of an algorithm: low-latency has none, so it takes the barrier one-shot
+/// (the multimem algorithms have none either: asked for, they are refused in `route_fused`;
+/// configured, the size rule decides).
 fn fused_kernel(algorithm: Algorithm) -> Kernel {
     match algorithm {
         Algorithm::TwoShot => Kernel::FusedTwoShot,
         _ => Kernel::FusedOneShot,
     }
+}
+
+fn algorithm_is_multimem(a: Algorithm) -> bool {
+    matches!(
+        a,
+        Algorithm::Multimem | Algorithm::MultimemOneShot | Algorithm::MultimemLowLatency
+    )
 }
 
 /// Routes a fused call of `tokens × hidden` elements (pure, allocation-free unless refused):
@@ -117,6 +125,11 @@ pub(crate) fn route_fused(
             threshold_ignored: false,
         })
     };
+    if algorithm_is_multimem(requested) {
+        return Err(Error::InvalidConfig(format!(
+            "Algorithm::{requested:?} has no fused kernel: pass Auto, LowLatency, OneShot, TwoShot or Nccl"
+        )));
+    }
     let chosen = if requested == Algorithm::Auto {
         config.algorithm
     } else {
@@ -158,7 +171,10 @@ pub(crate) fn route_fused(
         });
     }
     let (algorithm, rule) = match (requested, config.algorithm) {
-        (Algorithm::Auto, Algorithm::Auto) => {
+        // A configured multimem algorithm has no fused kernel: the size rule decides.
+        (Algorithm::Auto, configured)
+            if configured == Algorithm::Auto || algorithm_is_multimem(configured) =>
+        {
             let one_shot = facts.world == 1
                 || match config.fused_limit(dtype, facts.world, hidden) {
                     FusedLimit::Bytes(max) => bytes <= max,
@@ -194,6 +210,10 @@ pub(crate) fn explain_fused(
     facts: PathFacts<'_>,
 ) -> PathDecision {
     let mut d = explain(route, requested, config, facts);
+    if route.rule == Rule::Size && facts.world == 1 {
+        // The all-reduce's sentence would name its one-rank two-shot.
+        d.reason = "one rank: the fused one-shot (no peers to wait for)".to_string();
+    }
     if let (
         Rule::Size,
         true,
@@ -344,6 +364,24 @@ mod tests {
         assert!(matches!(r.target, Target::Kernel(Kernel::FusedOneShot, _)));
         let d = explain_fused(&r, (1, 1024), Algorithm::LowLatency, &c, f);
         assert!(d.reason.contains("no fused low-latency kernel"), "{}", d.reason);
+        // The multimem algorithms have no fused kernel: refused when asked for, the size rule
+        // when configured.
+        for mm in [
+            Algorithm::Multimem,
+            Algorithm::MultimemOneShot,
+            Algorithm::MultimemLowLatency,
+        ] {
+            assert!(matches!(
+                route_fused(1, 8192, DType::BF16, &c, mm, f),
+                Err(Error::InvalidConfig(why)) if why.contains("no fused kernel")
+            ));
+            let configured = Config {
+                algorithm: mm,
+                ..Config::default()
+            };
+            let r = route_fused(1, 8192, DType::BF16, &configured, Algorithm::Auto, f).unwrap();
+            assert_eq!((r.algorithm(), r.rule), (Algorithm::OneShot, Rule::Size));
+        }
         // The unfused kernel takes any grid.
         assert_eq!(grid(Kernel::RmsNorm, 512, DType::BF16, 8, WIDE).blocks, 512);
     }
@@ -433,8 +471,15 @@ mod tests {
         assert_eq!(auto(32, 8192, DType::F16, &tuned, 8), Kernel::FusedTwoShot);
         assert_eq!(auto(32, 8192, DType::BF16, &tuned, 4), Kernel::FusedOneShot);
         assert_eq!(auto(33, 8192, DType::BF16, &tuned, 4), Kernel::FusedTwoShot);
-        // One rank: always the one-shot copy.
+        // One rank: always the one-shot copy, and the sentence says so.
         assert_eq!(auto(512, 8192, DType::BF16, &tuned, 1), Kernel::FusedOneShot);
+        let one = facts(1, Ok(()));
+        let r = route_fused(512, 8192, DType::BF16, &tuned, Algorithm::Auto, one).unwrap();
+        let d = explain_fused(&r, (512, 8192), Algorithm::Auto, &tuned, one);
+        assert_eq!(
+            d.reason,
+            "fused all-reduce + residual + RMSNorm, one-shot: one rank: the fused one-shot (no peers to wait for)"
+        );
         // The explicit field wins over the table.
         let explicit = Config {
             one_shot_max_bytes: Some(16 << 10),

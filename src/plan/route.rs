@@ -370,6 +370,7 @@ mod tests {
                 for dtype in DType::ALL {
                     for algo in [
                         Algorithm::Auto,
+                        Algorithm::LowLatency,
                         Algorithm::OneShot,
                         Algorithm::TwoShot,
                         Algorithm::Nccl,
@@ -393,7 +394,14 @@ mod tests {
                                 sink += r.bytes + matches!(r.target, Target::Nccl) as usize;
                             }
                         }
-                        // The fused call, whose Auto scans the table's fused entries.
+                        // The fused call, whose Auto scans the table's fused entries (it
+                        // refuses the multimem algorithms with a message).
+                        if matches!(
+                            algo,
+                            Algorithm::Multimem | Algorithm::MultimemOneShot | Algorithm::MultimemLowLatency
+                        ) {
+                            continue;
+                        }
                         for (tokens, hidden) in [(1, 4096), (12, 5120), (40, 8192), (512, 16384)] {
                             if let Ok(r) =
                                 super::super::fused::route_fused(tokens, hidden, dtype, config, algo, facts)
