@@ -16,7 +16,8 @@
 //!
 //! Routes: `Algorithm::Nccl` (asked for or configured) → `ncclAllGather` /
 //! `ncclReduceScatter` / grouped `ncclBroadcast`s for all-gather-v; no peer kernels → NCCL;
-//! `Auto` above `nccl_above_bytes` with a fallback → NCCL; `LowLatency` asked for or
+//! `Auto` (asked for and configured) above `nccl_above_bytes` with a fallback → NCCL;
+//! `LowLatency` asked for or
 //! configured, or `Auto` within the low-latency threshold → the low-latency kernel (refused
 //! above the slots); `Auto` above the workspace with a fallback → NCCL; otherwise the
 //! one-shot kernel, refused with a typed error above the workspace. All-gather-v has no
@@ -317,7 +318,7 @@ pub(crate) fn route_collective(
         _ => Rule::AskedFor,
     };
     let mut threshold_ignored = false;
-    if requested == Algorithm::Auto && config.nccl_above_bytes.is_some_and(|l| bytes > l) {
+    if chosen == Algorithm::Auto && config.nccl_above_bytes.is_some_and(|l| bytes > l) {
         match facts.nccl {
             Ok(()) => return nccl(Rule::AboveNcclThreshold),
             Err(_) => threshold_ignored = true,
@@ -607,6 +608,23 @@ mod tests {
         );
         // 4 slices of 4095 f32 = 65520 bytes fit; padded they are 4 × 16384 = 65536: fits exactly.
         assert!(route_collective(&rs(4095), &c, Algorithm::OneShot, both).is_ok());
+        // `nccl_above_bytes` is a rule of `Auto`, as for the all-reduce: a configured
+        // algorithm keeps the kernel above it (the workspace still sends larger calls to NCCL).
+        let threshold = Config {
+            nccl_above_bytes: Some(1024),
+            ..c.clone()
+        };
+        let configured = Config {
+            algorithm: Algorithm::OneShot,
+            ..threshold.clone()
+        };
+        let r = route_collective(&rs(1024), &threshold, Algorithm::Auto, both).unwrap();
+        assert_eq!((r.target, r.rule), (Target::Nccl, Rule::AboveNcclThreshold));
+        let r = route_collective(&rs(1024), &configured, Algorithm::Auto, both).unwrap();
+        assert!(matches!(r.target, Target::Kernel(Kernel::ReduceScatter, _)));
+        assert_eq!(r.rule, Rule::Configured);
+        let r = route_collective(&rs(4097), &configured, Algorithm::Auto, both).unwrap();
+        assert_eq!(r.target, Target::Nccl);
         let r = route_collective(&rs(4097), &c, Algorithm::Auto, both).unwrap();
         assert_eq!(r.target, Target::Nccl);
         assert!(explain_collective(&rs(4097), &r, &c, both)
