@@ -69,6 +69,15 @@ impl Algorithm {
             Algorithm::Nccl => "nccl",
         }
     }
+
+    /// One of the NVLS algorithms (they need a multicast object; only the all-reduce has
+    /// kernels for them).
+    pub(crate) const fn is_multimem(self) -> bool {
+        matches!(
+            self,
+            Algorithm::Multimem | Algorithm::MultimemOneShot | Algorithm::MultimemLowLatency
+        )
+    }
 }
 
 impl std::fmt::Display for Algorithm {

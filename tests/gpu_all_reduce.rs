@@ -54,29 +54,7 @@ fn round<T: TestElem>(
     inputs: &[Vec<T>],
     algo: Algorithm,
 ) -> Result<Vec<Vec<T>>, String> {
-    let len = inputs[0].len();
-    let poison: Vec<T> = vec![bytemuck::cast_slice::<u8, T>(&[0xFFu8; 16])[0]; len];
-    let d_in: Vec<CudaSlice<T>> = streams
-        .iter()
-        .zip(inputs)
-        .map(|(s, x)| s.clone_htod(x).unwrap())
-        .collect();
-    let mut d_out: Vec<CudaSlice<T>> = streams.iter().map(|s| s.clone_htod(&poison).unwrap()).collect();
-    for r in 0..comms.len() {
-        comms[r]
-            .all_reduce_with(&d_in[r], &mut d_out[r], &streams[r], algo)
-            .map_err(|e| format!("rank {r}: {e}"))?;
-    }
-    for r in 0..comms.len() {
-        comms[r]
-            .synchronize(&streams[r])
-            .map_err(|e| format!("rank {r}: {e}"))?;
-    }
-    Ok(d_out
-        .iter()
-        .zip(streams)
-        .map(|(d, s)| s.clone_dtoh(d).unwrap())
-        .collect())
+    offset_round(comms, streams, inputs, algo, (0, 0))
 }
 
 /// The three properties every result must have.

@@ -101,8 +101,8 @@ fn sync_all(comms: &[Communicator], streams: &[Arc<CudaStream>]) -> Result<(), S
     Ok(())
 }
 
-/// Gathers `counts[q]` elements from each rank (all_gather when `v` is false and the counts
-/// are equal) and checks every rank's output against the concatenation.
+/// Gathers `counts[q]` random elements from each rank (all_gather when `v` is false and the
+/// counts are equal) and checks every rank's output against the concatenation.
 fn gather_round<T: Gatherable>(
     comms: &[Communicator],
     streams: &[Arc<CudaStream>],
@@ -111,9 +111,30 @@ fn gather_round<T: Gatherable>(
     algo: Algorithm,
     seed: u64,
 ) -> Result<(), String> {
-    let w = comms.len();
     let mut g = rng(seed);
     let inputs: Vec<Vec<T>> = counts.iter().map(|&c| random_elems(&mut g, c)).collect();
+    let what = format!(
+        "{} W={} counts={:?} {}",
+        std::any::type_name::<T>(),
+        comms.len(),
+        &counts[..counts.len().min(8)],
+        if v { "all_gather_v" } else { "all_gather" }
+    );
+    gather_and_check(comms, streams, &inputs, v, algo, &what)
+}
+
+/// Gathers rank q's `inputs[q]` (all_gather_v when `v`, else all_gather with `algo`) into
+/// poisoned outputs and checks every rank's output against the concatenation, byte for byte.
+fn gather_and_check<T: Gatherable>(
+    comms: &[Communicator],
+    streams: &[Arc<CudaStream>],
+    inputs: &[Vec<T>],
+    v: bool,
+    algo: Algorithm,
+    what: &str,
+) -> Result<(), String> {
+    let w = comms.len();
+    let counts: Vec<usize> = inputs.iter().map(Vec::len).collect();
     let expected: Vec<T> = inputs.concat();
     let total = expected.len();
     // A rank that sends nothing passes an empty view of a one-element buffer.
@@ -129,20 +150,15 @@ fn gather_round<T: Gatherable>(
         .map(|s| s.clone_htod(&poison::<T>(total)).unwrap())
         .collect();
     for r in 0..w {
+        let input = d_in[r].slice(0..counts[r]);
         let res = if v {
-            comms[r].all_gather_v(&d_in[r].slice(0..counts[r]), counts, &mut d_out[r], &streams[r])
+            comms[r].all_gather_v(&input, &counts, &mut d_out[r], &streams[r])
         } else {
-            comms[r].all_gather_with(&d_in[r].slice(0..counts[r]), &mut d_out[r], &streams[r], algo)
+            comms[r].all_gather_with(&input, &mut d_out[r], &streams[r], algo)
         };
         res.map_err(|e| format!("rank {r}: {e}"))?;
     }
     sync_all(comms, streams)?;
-    let what = format!(
-        "{} W={w} counts={:?} {}",
-        std::any::type_name::<T>(),
-        &counts[..counts.len().min(8)],
-        if v { "all_gather_v" } else { "all_gather" }
-    );
     for r in 0..w {
         let out = streams[r].clone_dtoh(&d_out[r]).unwrap();
         same_bytes(&format!("{what} rank {r}"), &expected, &out)?;
@@ -768,29 +784,11 @@ fn low_latency_gather_round<T: Gatherable>(
     let inputs: Vec<Vec<T>> = (0..w)
         .map(|_| from_bytes(&adversarial_bytes(&mut g, pattern, chunk_elems * size)))
         .collect();
-    let expected = inputs.concat();
-    let d_in: Vec<CudaSlice<T>> = (0..w)
-        .map(|r| streams[r].clone_htod(&inputs[r]).unwrap())
-        .collect();
-    let mut d_out: Vec<CudaSlice<T>> = streams
-        .iter()
-        .map(|s| s.clone_htod(&poison::<T>(chunk_elems * w)).unwrap())
-        .collect();
-    for r in 0..w {
-        comms[r]
-            .all_gather_with(&d_in[r], &mut d_out[r], &streams[r], Algorithm::LowLatency)
-            .map_err(|e| format!("rank {r}: {e}"))?;
-    }
-    sync_all(comms, streams)?;
-    for r in 0..w {
-        let out = streams[r].clone_dtoh(&d_out[r]).unwrap();
-        let what = format!(
-            "{} W={w} chunk={chunk_elems} pattern {pattern} low-latency all_gather rank {r}",
-            std::any::type_name::<T>()
-        );
-        same_bytes(&what, &expected, &out)?;
-    }
-    Ok(())
+    let what = format!(
+        "{} W={w} chunk={chunk_elems} pattern {pattern} low-latency all_gather",
+        std::any::type_name::<T>()
+    );
+    gather_and_check(comms, streams, &inputs, false, Algorithm::LowLatency, &what)
 }
 
 fn low_latency_all_gather_is_bit_exact_for_adversarial_bytes(ctx: Arc<CudaContext>) {

@@ -278,10 +278,7 @@ pub(crate) fn route_collective(
     };
     let low_latency = c.low_latency_kernel();
     match requested {
-        Algorithm::TwoShot
-        | Algorithm::Multimem
-        | Algorithm::MultimemOneShot
-        | Algorithm::MultimemLowLatency => {
+        a if a == Algorithm::TwoShot || a.is_multimem() => {
             return Err(invalid(
                 c.name(),
                 format!("there is no {requested} kernel for it: pass Auto, LowLatency, OneShot or Nccl"),

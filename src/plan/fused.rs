@@ -93,13 +93,6 @@ fn fused_kernel(algorithm: Algorithm) -> Kernel {
     }
 }
 
-fn algorithm_is_multimem(a: Algorithm) -> bool {
-    matches!(
-        a,
-        Algorithm::Multimem | Algorithm::MultimemOneShot | Algorithm::MultimemLowLatency
-    )
-}
-
 /// Routes a fused call of `tokens × hidden` elements (pure, allocation-free unless refused):
 /// NCCL when asked for or configured, when there is no workspace, or (for `Auto` with a
 /// fallback) above `nccl_above_bytes` or the capacity: the all-reduce then runs on NCCL and
@@ -125,7 +118,7 @@ pub(crate) fn route_fused(
             threshold_ignored: false,
         })
     };
-    if algorithm_is_multimem(requested) {
+    if requested.is_multimem() {
         return Err(Error::InvalidConfig(format!(
             "Algorithm::{requested:?} has no fused kernel: pass Auto, LowLatency, OneShot, TwoShot or Nccl"
         )));
@@ -172,9 +165,7 @@ pub(crate) fn route_fused(
     }
     let (algorithm, rule) = match (requested, config.algorithm) {
         // A configured multimem algorithm has no fused kernel: the size rule decides.
-        (Algorithm::Auto, configured)
-            if configured == Algorithm::Auto || algorithm_is_multimem(configured) =>
-        {
+        (Algorithm::Auto, configured) if configured == Algorithm::Auto || configured.is_multimem() => {
             let one_shot = facts.world == 1
                 || match config.fused_limit(dtype, facts.world, hidden) {
                     FusedLimit::Bytes(max) => bytes <= max,

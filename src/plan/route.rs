@@ -396,10 +396,7 @@ mod tests {
                         }
                         // The fused call, whose Auto scans the table's fused entries (it
                         // refuses the multimem algorithms with a message).
-                        if matches!(
-                            algo,
-                            Algorithm::Multimem | Algorithm::MultimemOneShot | Algorithm::MultimemLowLatency
-                        ) {
+                        if algo.is_multimem() {
                             continue;
                         }
                         for (tokens, hidden) in [(1, 4096), (12, 5120), (40, 8192), (512, 16384)] {
