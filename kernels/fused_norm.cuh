@@ -16,6 +16,7 @@
 // algorithm, every rank and the unfused pair give the same bits.
 #pragma once
 
+#include "low_latency.cuh"
 #include "reduce.cuh"
 
 namespace symm {
@@ -130,6 +131,54 @@ __device__ __forceinline__ void fused_one_shot(const NormArgs& f, const SymmArgs
             add_rmsnorm_row<T>(f, row, [&](uint32_t k) { return sum_ranks<T>(a, rank0, base + k); }, red);
         }
     }
+    end_call(a, epoch);
+}
+
+// Fused low-latency: no barrier, the lines carry the synchronisation (one_shot_ll's protocol).
+// Every rank pushes its partial sums as 16-byte lines (line row * packs + k, canonicalised by
+// `wire_pack`) into its slot of every peer's low-latency buffer `epoch % 3`. Then each block
+// takes its rows: every thread waits for the lines of its packs, sums them in rank order with
+// `ll_reduce_line` (its own contribution from its input; the lines re-armed) and parks the
+// rounded sum in this rank's `norm_out`, where the epilogue's first pass reads it back (the
+// same thread, the same pack) before its second pass overwrites it. The sums are those of
+// every other algorithm and the epilogue is the same, so the bits are too. A wait that failed
+// stops the block before the row's epilogue: the residual of that row and of every later row
+// of the block is left as it was. The three-buffer argument of `one_shot_ll` holds unchanged:
+// every rank writes and reads the same lines, and every line read is re-armed before the call
+// ends.
+template <typename T>
+__device__ __forceinline__ void fused_low_latency(const NormArgs& f, const SymmArgs& a) {
+    __shared__ float red[17];
+    const uint64_t epoch = begin_call(a);
+    if (epoch == 0) return;
+    const uint32_t buffer = static_cast<uint32_t>(epoch % LL_BUFFERS);
+    const uint32_t packs = f.hidden / Elem<T>::PER_PACK;
+    const uint4* src = reinterpret_cast<const uint4*>(f.input);
+    uint4* sums = reinterpret_cast<uint4*>(f.norm_out);
+    const UnicastColl coll(a, 0);
+
+    for (uint64_t row = blockIdx.x; row < f.tokens; row += gridDim.x) {
+        for (uint32_t k = threadIdx.x; k < packs; k += NORM_THREADS) {
+            const uint64_t l = row * packs + k;
+            coll.broadcast_line(buffer, l, as_words(wire_pack<T>(src[l])));
+        }
+    }
+    for (uint64_t row = blockIdx.x; row < f.tokens; row += gridDim.x) {
+        int failed = 0;
+        for (uint32_t k = threadIdx.x; k < packs; k += NORM_THREADS) {
+            const uint64_t l = row * packs + k;
+            uint4 s;
+            if (ll_reduce_line<T>(a, buffer, l, src[l], s)) {
+                sums[l] = s;
+            } else {
+                failed = 1;
+            }
+        }
+        if (__syncthreads_or(failed)) break;
+        add_rmsnorm_row<T>(f, row, [&](uint32_t k) { return sums[row * packs + k]; }, red);
+    }
+    // Every peer's lines for this call have arrived: the next kernel may start launching.
+    pdl_launch_dependents();
     end_call(a, epoch);
 }
 

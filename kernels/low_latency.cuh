@@ -73,13 +73,13 @@ __device__ __forceinline__ bool ll_wait_peers(const SymmArgs& a, uint32_t buffer
 }
 
 // Waits for line `l` of every peer (`ll_wait_peers`), sums in rank order 0..W-1 in fp32 (this
-// rank's own contribution `own` from registers), stores the rounded line into `out` (n
-// elements), and re-arms the lines it consumed. False (nothing stored) when the wait timed
-// out or the group is poisoned. Shared by the all-reduce and the reduce-scatter, so both have
-// the arithmetic of every other algorithm.
+// rank's own contribution `own` from registers), rounds once into `sum`, and re-arms the
+// lines it consumed. False (nothing summed) when the wait timed out or the group is
+// poisoned. Every low-latency reduction (the all-reduce, the reduce-scatter, the fused call)
+// sums through it, so each has the arithmetic of every other algorithm.
 template <typename T>
-__device__ __forceinline__ bool ll_sum_line(const SymmArgs& a, uint32_t buffer, uint64_t l, uint4 own, T* out,
-                                            uint64_t n, bool out_aligned) {
+__device__ __forceinline__ bool ll_reduce_line(const SymmArgs& a, uint32_t buffer, uint64_t l, uint4 own,
+                                               uint4& sum) {
     constexpr uint32_t PER_LINE = Elem<T>::PER_PACK;
     uint4 v[MAX_RANKS];
     if (!ll_wait_peers(a, buffer, l, line_arrived, [&](uint32_t q, ulonglong2 w) { v[q] = as_pack(w); }))
@@ -96,8 +96,23 @@ __device__ __forceinline__ bool ll_sum_line(const SymmArgs& a, uint32_t buffer, 
             }
         }
     }
+    sum = float_to_pack<T>(acc);
+#pragma unroll
+    for (uint32_t q = 0; q < MAX_RANKS; ++q) {
+        if (q < a.world && q != a.rank)
+            st_line_sys(ll_line(a, a.rank, buffer, q, l), make_ulonglong2(LL_NOT_ARRIVED, LL_NOT_ARRIVED));
+    }
+    return true;
+}
+
+// `ll_reduce_line`, then the rounded line stored into `out` (n elements; a partial last line
+// element by element). False (nothing stored) when the wait failed.
+template <typename T>
+__device__ __forceinline__ bool ll_sum_line(const SymmArgs& a, uint32_t buffer, uint64_t l, uint4 own, T* out,
+                                            uint64_t n, bool out_aligned) {
+    constexpr uint32_t PER_LINE = Elem<T>::PER_PACK;
     Pack<T> r;
-    r.bits = float_to_pack<T>(acc);
+    if (!ll_reduce_line<T>(a, buffer, l, own, r.bits)) return false;
     if ((l + 1) * PER_LINE <= n) {
         store_pack(out, l, r.bits, out_aligned);
     } else {
@@ -105,11 +120,6 @@ __device__ __forceinline__ bool ll_sum_line(const SymmArgs& a, uint32_t buffer, 
         for (uint32_t e = 0; e < PER_LINE; ++e) {
             if (l * PER_LINE + e < n) out[l * PER_LINE + e] = r.elems[e];
         }
-    }
-#pragma unroll
-    for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-        if (q < a.world && q != a.rank)
-            st_line_sys(ll_line(a, a.rank, buffer, q, l), make_ulonglong2(LL_NOT_ARRIVED, LL_NOT_ARRIVED));
     }
     return true;
 }
@@ -127,10 +137,11 @@ __device__ __forceinline__ bool ll_sum_line(const SymmArgs& a, uint32_t buffer, 
 // whole region with the sentinel. One thread handles one 16-byte line per step.
 //
 // The region is shared by every low-latency kernel (this one, `reduce_scatter_ll`,
-// `all_gather_ll`): line l of slot (buffer, source) is at the same place whichever kernel
-// writes it, and every kernel re-arms every line it reads before its call ends, while its
-// writers write only lines its readers read (every rank makes the same call). So after any
-// sequence of calls every line not in flight holds the sentinel, whatever the collectives.
+// `all_gather_ll`, `fused_low_latency`): line l of slot (buffer, source) is at the same place
+// whichever kernel writes it, and every kernel re-arms every line it reads before its call
+// ends, while its writers write only lines its readers read (every rank makes the same call).
+// So after any sequence of calls every line not in flight holds the sentinel, whatever the
+// collectives.
 //
 // The multicast push (`MultimemColl::broadcast_line`) changes two things, and the argument
 // holds for both:

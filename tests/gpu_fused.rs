@@ -28,10 +28,14 @@ use symm_allreduce::{Algorithm, Communicator, Config, DType, Error};
 
 const EPS: f32 = 1e-5;
 const CAPACITY: usize = 32 << 20;
+/// The low-latency slots of these groups (the published 32 KiB would leave the fused
+/// low-latency kernel only the smallest shapes): `Auto` and `LowLatency` take it up to here.
+const LOW_LATENCY_MAX: usize = 256 << 10;
 
 fn config() -> Config {
     Config {
         capacity_bytes: CAPACITY,
+        low_latency_max_bytes: LOW_LATENCY_MAX,
         ..Config::default()
     }
 }
@@ -320,12 +324,20 @@ fn case_round<T: TestElem>(
     unfused_algo: Algorithm,
     seed: u64,
 ) -> Result<(), String> {
-    let case = make_case::<T>(seed, comms.len(), tokens, hidden);
     let what = format!(
         "{} W={} {tokens}x{hidden} fused {fused_algo} / all_reduce {unfused_algo}",
         T::DTYPE,
         comms.len()
     );
+    let bytes = tokens * hidden * T::DTYPE.size();
+    if fused_algo == Algorithm::LowLatency && bytes > LOW_LATENCY_MAX {
+        // Beyond the low-latency slots: refused with a typed error before anything runs.
+        return match comms[0].add_rmsnorm_path(tokens, hidden, T::DTYPE, fused_algo) {
+            Err(Error::ExceedsCapacity { capacity, .. }) if capacity == LOW_LATENCY_MAX => Ok(()),
+            other => Err(format!("{what}: expected ExceedsCapacity, got {other:?}")),
+        };
+    }
+    let case = make_case::<T>(seed, comms.len(), tokens, hidden);
     let f = run_fused(comms, streams, &case, fused_algo).map_err(|e| format!("{what}: {e}"))?;
     let u = run_unfused(comms, streams, &case, unfused_algo).map_err(|e| format!("{what}: {e}"))?;
     verify(&case, &f, &u, &what)
@@ -397,7 +409,9 @@ fn proptest_fused_against_f64_and_the_unfused_pair(ctx: Arc<CudaContext>) {
 }
 
 /// The sizes of the brief at their edges: Llama 8192 and 16384, DeepSeek 7168, 1 and 512
-/// tokens, every dtype, both fused algorithms, W = 8; the largest at the full capacity.
+/// tokens, every dtype, every fused algorithm (low-latency where the shape fits its slots:
+/// the 512-token shapes are refused, `case_round` checks the error), W = 8; the largest at
+/// the full capacity.
 fn edge_shapes_every_dtype_at_world_8(ctx: Arc<CudaContext>) {
     let (comms, streams) = group(&ctx, 8, config());
     let mut seed = 1;
@@ -410,7 +424,7 @@ fn edge_shapes_every_dtype_at_world_8(ctx: Arc<CudaContext>) {
             (512, 16384),
             (512, 7168),
         ] {
-            for algo in [Algorithm::OneShot, Algorithm::TwoShot] {
+            for algo in [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::LowLatency] {
                 seed += 1;
                 dispatch(
                     dtype,
@@ -506,18 +520,28 @@ fn bad_shapes_return_typed_errors_and_touch_nothing(ctx: Arc<CudaContext>) {
     c.check_usable().unwrap();
 }
 
-/// Each rank captures one graph holding fused calls (one-shot, two-shot, automatic) and
-/// the unfused pair on the same inputs; the graphs are replayed 100 times with new inputs
+/// Each rank captures one graph holding fused calls (low-latency, one-shot, two-shot,
+/// automatic: 1 × 8192 takes the low-latency kernel, 32 × 8192 the two-shot) and the unfused
+/// pair on the same inputs; the graphs are replayed 100 times with new inputs
 /// and a new residual copied in before every replay (outside the graph).
 fn fused_graph_replays(ctx: Arc<CudaContext>, world: usize) {
     const H: usize = 8192;
-    let ops: [(usize, usize, Algorithm); 4] = [
+    let ops: [(usize, usize, Algorithm); 5] = [
         (1, H, Algorithm::Auto),
         (32, H, Algorithm::Auto),
         (5, 7168, Algorithm::TwoShot),
         (3, 1024, Algorithm::OneShot),
+        (7, 4096, Algorithm::LowLatency),
     ];
     let (comms, streams) = group(&ctx, world, config());
+    let path = |t, h| {
+        comms[0]
+            .add_rmsnorm_path(t, h, DType::BF16, Algorithm::Auto)
+            .unwrap()
+            .to_string()
+    };
+    assert!(path(1, H).contains("low-latency (no barrier)"), "{}", path(1, H));
+    assert!(path(32, H).contains("two-shot"), "{}", path(32, H));
     let alloc = |s: &Arc<CudaStream>, n: usize| s.alloc_zeros::<bf16>(n).unwrap();
     struct Op {
         input: Vec<CudaSlice<bf16>>,

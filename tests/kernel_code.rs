@@ -104,6 +104,7 @@ fn every_kernel_is_present_and_peer_data_moves_in_16_byte_packs() {
         "reduce_scatter_ll",
         "fused_one_shot",
         "fused_two_shot",
+        "fused_ll",
         "in_place_mm",
         "one_shot_mm",
         "one_shot_ll_mm",
@@ -162,8 +163,8 @@ fn ptxas_reports_no_spills_and_no_stack_frame() {
         .lines()
         .filter(|l| l.trim_start().starts_with(".visible .entry "))
         .count();
-    // 15 kernels × 3 dtypes, the empty kernel, the sync floor, the spin and the producer.
-    assert_eq!(entries, 15 * 3 + 4, "entry points in the PTX");
+    // 16 kernels × 3 dtypes, the empty kernel, the sync floor, the spin and the producer.
+    assert_eq!(entries, 16 * 3 + 4, "entry points in the PTX");
     // The multimem kernels (`symm_<kernel>_mm_<dtype>`, min-arch 90) have sm_90 SASS only.
     let sm90_only = symm_allreduce::embedded_ptx()
         .lines()

@@ -237,7 +237,7 @@ impl PeerBackend {
     }
 
     /// Launches a residual + RMSNorm kernel: a fused all-reduce one (`FusedOneShot`,
-    /// `FusedTwoShot`, over the workspace) or the unfused epilogue (`RmsNorm`). The caller
+    /// `FusedTwoShot`, `FusedLowLatency`, over the workspace) or the unfused epilogue (`RmsNorm`). The caller
     /// validated the shape (16-byte aligned buffers of `tokens × hidden` elements, `hidden`
     /// for the weight, on this rank's device, within the capacity for the fused kernels) and
     /// made the context current.

@@ -15,9 +15,11 @@
 //! 4. `inv = 1 / sqrt(ss / hidden + eps)` (`__fdiv_rn`, `__fsqrt_rn`: IEEE, not `rsqrtf`);
 //! 5. `norm_out = round(round(r · inv) · weight)` (Hugging Face Llama's order).
 //!
-//! One block per row, so nothing depends on the grid: the fused one-shot, the fused two-shot,
-//! every rank, and `all_reduce` followed by [`Communicator::residual_rmsnorm`] give the same
-//! bits. The two-shot splits the *reduction* by rows (rank q sums the rows of its range of
+//! One block per row, so nothing depends on the grid: the fused low-latency kernel, the fused
+//! one-shot, the fused two-shot, every rank, and `all_reduce` followed by
+//! [`Communicator::residual_rmsnorm`] give the same bits. The low-latency kernel has no
+//! barrier: every rank pushes its rows as the low-latency all-reduce's 16-byte lines and sums
+//! the lines that arrive (`norm_out` holds the sums until the epilogue overwrites them). The two-shot splits the *reduction* by rows (rank q sums the rows of its range of
 //! `⌈T/W⌉` and keeps the sums in its buffer) and every rank runs the epilogue on every row
 //! with its own residual, so a rank's residual and weight never leave it and each rank's
 //! result is what the one-shot computes from its own residual
@@ -60,9 +62,12 @@ impl Communicator {
     }
 
     /// [`all_reduce_add_rmsnorm`](Self::all_reduce_add_rmsnorm) with a forced algorithm:
-    /// `OneShot` or `TwoShot` (`LowLatency` has no fused kernel and takes the one-shot;
-    /// `Nccl` runs NCCL's all-reduce into `norm_out`, then the unfused epilogue; the multimem
-    /// algorithms have no fused kernel and are refused with [`Error::InvalidConfig`]).
+    /// `LowLatency` (up to [`Config::low_latency_limit`](crate::Config::low_latency_limit)
+    /// bytes, else [`Error::ExceedsCapacity`]), `OneShot` or `TwoShot` (the multimem
+    /// algorithms take the peer one-shot; `Nccl` runs NCCL's all-reduce into `norm_out`,
+    /// then the unfused epilogue). `Auto` takes the low-latency kernel up to the
+    /// all-reduce's low-latency limit, the one-shot up to the fused one-shot limit, the
+    /// two-shot above ([`add_rmsnorm_path`](Self::add_rmsnorm_path) says which and why).
     #[allow(clippy::too_many_arguments)]
     pub fn all_reduce_add_rmsnorm_with<T: Element>(
         &self,
@@ -160,8 +165,8 @@ impl Communicator {
     }
 
     /// Where [`all_reduce_add_rmsnorm_with`](Self::all_reduce_add_rmsnorm_with) of
-    /// `tokens × hidden` elements of `dtype` goes (fused one-shot, fused two-shot, or NCCL
-    /// then the epilogue) and why; an error where that call would be refused.
+    /// `tokens × hidden` elements of `dtype` goes (fused low-latency, one-shot or two-shot,
+    /// or NCCL then the epilogue) and why; an error where that call would be refused.
     pub fn add_rmsnorm_path(
         &self,
         tokens: usize,

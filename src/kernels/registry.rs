@@ -38,6 +38,8 @@ pub(crate) enum Kernel {
     FusedTwoShot,
     /// Residual + RMSNorm of an all-reduced buffer (the unfused epilogue).
     RmsNorm,
+    /// All-reduce + residual + RMSNorm over the low-latency lines, no barrier.
+    FusedLowLatency,
     /// The in-place two-shot body over the multimem (NVLS) policy: sm_90+, needs a multicast
     /// object bound to every rank's allocation (kernels/multimem.cu).
     InPlaceMultimem,
@@ -63,7 +65,7 @@ pub(crate) struct KernelSpec {
 }
 
 /// Every kernel, in table order.
-pub(crate) const KERNELS: [KernelSpec; 15] = [
+pub(crate) const KERNELS: [KernelSpec; 16] = [
     KernelSpec {
         kernel: Kernel::OneShot,
         prefix: "one_shot",
@@ -154,6 +156,12 @@ pub(crate) const KERNELS: [KernelSpec; 15] = [
         min_arch: 90,
         family: Family::OneShot,
     },
+    KernelSpec {
+        kernel: Kernel::FusedLowLatency,
+        prefix: "fused_ll",
+        min_arch: 80,
+        family: Family::OneShot,
+    },
 ];
 
 /// The body-less kernel with the common signature (the benchmark's launch floor).
@@ -186,6 +194,7 @@ impl Kernel {
             Kernel::ReduceScatterLowLatency => 12,
             Kernel::OneShotMultimem => 13,
             Kernel::LowLatencyMultimem => 14,
+            Kernel::FusedLowLatency => 15,
         }
     }
 

@@ -83,12 +83,12 @@ impl NormShape {
     }
 }
 
-/// The fused kernel of an algorithm: low-latency has none, so it takes the barrier one-shot
-/// (the multimem algorithms have none either: asked for, they are refused in `route_fused`;
-/// configured, the size rule decides).
+/// The fused kernel of an algorithm (the multimem ones have none: asked for, they are refused
+/// in `route_fused`; configured, the size rule decides).
 fn fused_kernel(algorithm: Algorithm) -> Kernel {
     match algorithm {
         Algorithm::TwoShot => Kernel::FusedTwoShot,
+        Algorithm::LowLatency => Kernel::FusedLowLatency,
         _ => Kernel::FusedOneShot,
     }
 }
@@ -96,10 +96,13 @@ fn fused_kernel(algorithm: Algorithm) -> Kernel {
 /// Routes a fused call of `tokens × hidden` elements (pure, allocation-free unless refused):
 /// NCCL when asked for or configured, when there is no workspace, or (for `Auto` with a
 /// fallback) above `nccl_above_bytes` or the capacity: the all-reduce then runs on NCCL and
-/// the unfused epilogue kernel follows. Otherwise `Auto` takes the fused one-shot up to the
-/// limit of [`Config::fused_limit`] (the tuning table's fused token limit for the nearest
-/// measured hidden size, else the all-reduce's one-shot limit in bytes; one rank: always) and
-/// the fused two-shot above it.
+/// the unfused epilogue kernel follows. Otherwise `Auto` takes the fused low-latency kernel
+/// up to the all-reduce's low-latency limit for the dtype and world (the same crossover:
+/// both push the same lines), then the fused one-shot up to the limit of
+/// [`Config::fused_limit`] (the tuning table's fused token limit for the nearest measured
+/// hidden size, else the all-reduce's one-shot limit in bytes; one rank: always) and the
+/// fused two-shot above it. `LowLatency` asked for or configured above the low-latency slots
+/// is [`Error::ExceedsCapacity`], as for the all-reduce.
 pub(crate) fn route_fused(
     tokens: usize,
     hidden: usize,
@@ -171,7 +174,9 @@ pub(crate) fn route_fused(
                     FusedLimit::Bytes(max) => bytes <= max,
                     FusedLimit::Tokens { max, .. } => tokens <= max,
                 };
-            let a = if one_shot {
+            let a = if bytes <= config.thresholds(dtype, facts.world).low_latency_max {
+                Algorithm::LowLatency
+            } else if one_shot {
                 Algorithm::OneShot
             } else {
                 Algorithm::TwoShot
@@ -182,6 +187,12 @@ pub(crate) fn route_fused(
         (asked, _) => (asked, Rule::AskedFor),
     };
     let kernel = fused_kernel(algorithm);
+    if kernel == Kernel::FusedLowLatency && bytes > config.low_latency_limit() {
+        return Err(Error::ExceedsCapacity {
+            bytes,
+            capacity: config.low_latency_limit(),
+        });
+    }
     Ok(Route {
         target: Target::Kernel(kernel, grid(kernel, tokens, dtype, facts.world, facts.limits)),
         rule,
@@ -201,20 +212,19 @@ pub(crate) fn explain_fused(
     facts: PathFacts<'_>,
 ) -> PathDecision {
     let mut d = explain(route, requested, config, facts);
-    if route.rule == Rule::Size && facts.world == 1 {
+    let size_rule = route.rule == Rule::Size && route.algorithm() != Algorithm::LowLatency;
+    if size_rule && facts.world == 1 {
         // The all-reduce's sentence would name its one-rank two-shot.
         d.reason = "one rank: the fused one-shot (no peers to wait for)".to_string();
     }
     if let (
-        Rule::Size,
         true,
         FusedLimit::Tokens {
             max,
             hidden: measured,
         },
     ) = (
-        route.rule,
-        facts.world > 1,
+        size_rule && facts.world > 1,
         config.fused_limit(route.dtype, facts.world, hidden),
     ) {
         let cmp = if tokens <= max { "<=" } else { ">" };
@@ -227,15 +237,13 @@ pub(crate) fn explain_fused(
         Target::Kernel(Kernel::FusedTwoShot, _) => {
             "fused all-reduce + residual + RMSNorm, two-shot (reduction split by rows across ranks)"
         }
+        Target::Kernel(Kernel::FusedLowLatency, _) => {
+            "fused all-reduce + residual + RMSNorm, low-latency (no barrier)"
+        }
         Target::Kernel(..) => "fused all-reduce + residual + RMSNorm, one-shot",
         Target::Nccl => "NCCL all-reduce, then the residual + RMSNorm kernel",
     };
     d.reason = format!("{what}: {}", d.reason);
-    if requested == Algorithm::LowLatency
-        || (requested == Algorithm::Auto && config.algorithm == Algorithm::LowLatency)
-    {
-        d.reason += " (there is no fused low-latency kernel: the barrier one-shot runs)";
-    }
     d
 }
 
@@ -319,19 +327,37 @@ mod tests {
     fn auto_routes_by_size_and_grids_are_one_block_per_row() {
         let c = Config::default();
         let f = facts(8, Ok(()));
-        // 8192 × 1 bf16 = 16 KiB: one-shot, one block.
+        // 8192 × 1 bf16 = 16 KiB: low-latency (the all-reduce's 32 KiB limit), one block.
         let r = route_fused(1, 8192, DType::BF16, &c, Algorithm::Auto, f).unwrap();
         assert_eq!(
             r.target,
             Target::Kernel(
-                Kernel::FusedOneShot,
-                grid(Kernel::FusedOneShot, 1, DType::BF16, 8, WIDE)
+                Kernel::FusedLowLatency,
+                grid(Kernel::FusedLowLatency, 1, DType::BF16, 8, WIDE)
             )
         );
         let Target::Kernel(_, p) = r.target else {
             unreachable!()
         };
-        assert_eq!(p.blocks, 1);
+        assert_eq!((p.blocks, p.algorithm), (1, Algorithm::LowLatency));
+        let d = explain_fused(&r, (1, 8192), Algorithm::Auto, &c, f);
+        assert!(
+            d.reason.starts_with(
+                "fused all-reduce + residual + RMSNorm, low-latency (no barrier): 16384 bytes <= low-latency limit"
+            ),
+            "{}",
+            d.reason
+        );
+        // 32 KiB is still low-latency, 48 KiB the one-shot.
+        let kernel = |tokens| match route_fused(tokens, 8192, DType::BF16, &c, Algorithm::Auto, f)
+            .unwrap()
+            .target
+        {
+            Target::Kernel(k, _) => k,
+            Target::Nccl => panic!("NCCL"),
+        };
+        assert_eq!(kernel(2), Kernel::FusedLowLatency);
+        assert_eq!(kernel(3), Kernel::FusedOneShot);
         // 8192 × 32 bf16 = 512 KiB > 256 KiB at W=8: two-shot, one block per row up to the
         // two-shot limit (16 here).
         let r = route_fused(32, 8192, DType::BF16, &c, Algorithm::Auto, f).unwrap();
@@ -350,11 +376,27 @@ mod tests {
         let r = route_fused(512, 1024, DType::BF16, &c, Algorithm::TwoShot, f).unwrap();
         let Target::Kernel(_, p) = r.target else { panic!() };
         assert_eq!(p.blocks, 16);
-        // Low-latency has no fused kernel.
-        let r = route_fused(1, 1024, DType::BF16, &c, Algorithm::LowLatency, f).unwrap();
-        assert!(matches!(r.target, Target::Kernel(Kernel::FusedOneShot, _)));
-        let d = explain_fused(&r, (1, 1024), Algorithm::LowLatency, &c, f);
-        assert!(d.reason.contains("no fused low-latency kernel"), "{}", d.reason);
+        // Low-latency asked for: its fused kernel, one block per row; beyond the low-latency
+        // slots a typed error, as for the all-reduce.
+        let r = route_fused(7, 1024, DType::BF16, &c, Algorithm::LowLatency, f).unwrap();
+        let Target::Kernel(k, p) = r.target else { panic!() };
+        assert_eq!((k, p.blocks), (Kernel::FusedLowLatency, 7));
+        let d = explain_fused(&r, (7, 1024), Algorithm::LowLatency, &c, f);
+        assert!(d.reason.contains("low-latency (no barrier)"), "{}", d.reason);
+        assert!(matches!(
+            route_fused(3, 8192, DType::BF16, &c, Algorithm::LowLatency, f),
+            Err(Error::ExceedsCapacity {
+                bytes: 49152,
+                capacity: 32768
+            })
+        ));
+        let configured = Config {
+            algorithm: Algorithm::LowLatency,
+            ..Config::default()
+        };
+        let r = route_fused(2, 8192, DType::BF16, &configured, Algorithm::Auto, f).unwrap();
+        assert!(matches!(r.target, Target::Kernel(Kernel::FusedLowLatency, _)));
+        assert!(route_fused(3, 8192, DType::BF16, &configured, Algorithm::Auto, f).is_err());
         // The multimem algorithms have no fused kernel: refused when asked for, the size rule
         // when configured.
         for mm in [
@@ -371,7 +413,7 @@ mod tests {
                 ..Config::default()
             };
             let r = route_fused(1, 8192, DType::BF16, &configured, Algorithm::Auto, f).unwrap();
-            assert_eq!((r.algorithm(), r.rule), (Algorithm::OneShot, Rule::Size));
+            assert_eq!((r.algorithm(), r.rule), (Algorithm::LowLatency, Rule::Size));
         }
         // The unfused kernel takes any grid.
         assert_eq!(grid(Kernel::RmsNorm, 512, DType::BF16, 8, WIDE).blocks, 512);
@@ -400,8 +442,8 @@ mod tests {
         let r = route_fused(1, 8192, DType::BF16, &c, Algorithm::Nccl, with).unwrap();
         assert_eq!(r.target, Target::Nccl);
         let d = explain_fused(
-            &route_fused(1, 8192, DType::F16, &c, Algorithm::Auto, with).unwrap(),
-            (1, 8192),
+            &route_fused(4, 8192, DType::F16, &c, Algorithm::Auto, with).unwrap(),
+            (4, 8192),
             Algorithm::Auto,
             &c,
             with,
@@ -442,8 +484,12 @@ mod tests {
 
     #[test]
     fn a_loaded_table_moves_the_fused_auto_choice() {
-        let published = Config::default();
-        let tuned = Config::default().with_tuning(fused_table());
+        // Low-latency off: this is about the one-shot / two-shot split.
+        let published = Config {
+            low_latency_max_bytes: 0,
+            ..Config::default()
+        };
+        let tuned = published.clone().with_tuning(fused_table());
         // 8192 × 32 bf16 = 512 KiB: above the published 256 KiB at W=8 (two-shot); the table
         // keeps one-shot up to 64 tokens.
         assert_eq!(auto(32, 8192, DType::BF16, &published, 8), Kernel::FusedTwoShot);

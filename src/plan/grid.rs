@@ -59,11 +59,11 @@ pub(crate) fn grid(kernel: Kernel, len: usize, dtype: DType, world: usize, limit
         | Kernel::ReduceScatterLowLatency => packs,
         // One block per row (see plan::fused; the two-shot maps rows to blocks as the
         // one-shot does and splits only the reduction by owner); `len` is rows here.
-        Kernel::FusedOneShot | Kernel::FusedTwoShot | Kernel::RmsNorm => len,
+        Kernel::FusedOneShot | Kernel::FusedTwoShot | Kernel::FusedLowLatency | Kernel::RmsNorm => len,
     };
     if matches!(
         kernel,
-        Kernel::FusedOneShot | Kernel::FusedTwoShot | Kernel::RmsNorm
+        Kernel::FusedOneShot | Kernel::FusedTwoShot | Kernel::FusedLowLatency | Kernel::RmsNorm
     ) {
         let cap = match kernel.family() {
             Family::Local => usize::MAX,

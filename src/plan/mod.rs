@@ -30,9 +30,10 @@ pub(crate) const fn algorithm_of(kernel: Kernel) -> Algorithm {
         | Kernel::FusedOneShot
         | Kernel::RmsNorm => Algorithm::OneShot,
         Kernel::TwoShot | Kernel::InPlace | Kernel::FusedTwoShot | Kernel::PoolTwoShot => Algorithm::TwoShot,
-        Kernel::LowLatency | Kernel::AllGatherLowLatency | Kernel::ReduceScatterLowLatency => {
-            Algorithm::LowLatency
-        }
+        Kernel::LowLatency
+        | Kernel::AllGatherLowLatency
+        | Kernel::ReduceScatterLowLatency
+        | Kernel::FusedLowLatency => Algorithm::LowLatency,
         Kernel::InPlaceMultimem => Algorithm::Multimem,
         Kernel::OneShotMultimem => Algorithm::MultimemOneShot,
         Kernel::LowLatencyMultimem => Algorithm::MultimemLowLatency,
