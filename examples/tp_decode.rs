@@ -112,17 +112,19 @@ enum Variant {
     /// The two all-reduce + norm points of every layer and nothing else.
     FusedAlone,
     UnfusedAlone,
-    /// The fused call alone with its algorithm forced.
+    /// The fused call alone with its algorithm forced (low-latency only up to its limit).
+    FusedAloneLowLatency,
     FusedAloneOneShot,
     FusedAloneTwoShot,
 }
 
-const VARIANTS: [Variant; 7] = [
+const VARIANTS: [Variant; 8] = [
     Variant::Fused,
     Variant::Unfused,
     Variant::ComputeOnly,
     Variant::FusedAlone,
     Variant::UnfusedAlone,
+    Variant::FusedAloneLowLatency,
     Variant::FusedAloneOneShot,
     Variant::FusedAloneTwoShot,
 ];
@@ -135,6 +137,7 @@ impl Variant {
             Variant::ComputeOnly => "compute only",
             Variant::FusedAlone => "fused AR+norm alone",
             Variant::UnfusedAlone => "unfused AR, norm alone",
+            Variant::FusedAloneLowLatency => "fused alone, low-latency",
             Variant::FusedAloneOneShot => "fused alone, one-shot",
             Variant::FusedAloneTwoShot => "fused alone, two-shot",
         }
@@ -305,11 +308,11 @@ impl Rank {
                     &self.stream,
                 )
                 .map_err(e),
-            Variant::FusedAloneOneShot | Variant::FusedAloneTwoShot => {
-                let algorithm = if v == Variant::FusedAloneOneShot {
-                    Algorithm::OneShot
-                } else {
-                    Algorithm::TwoShot
+            Variant::FusedAloneLowLatency | Variant::FusedAloneOneShot | Variant::FusedAloneTwoShot => {
+                let algorithm = match v {
+                    Variant::FusedAloneLowLatency => Algorithm::LowLatency,
+                    Variant::FusedAloneOneShot => Algorithm::OneShot,
+                    _ => Algorithm::TwoShot,
                 };
                 comm.all_reduce_add_rmsnorm_with(
                     &self.partial,
@@ -353,6 +356,7 @@ impl Rank {
             v,
             Variant::FusedAlone
                 | Variant::UnfusedAlone
+                | Variant::FusedAloneLowLatency
                 | Variant::FusedAloneOneShot
                 | Variant::FusedAloneTwoShot
         ) {
@@ -425,8 +429,14 @@ fn rank_main(
     let fill = module.load_function("fill").map_err(|e| e.to_string())?;
     let silu = module.load_function("silu_mul").map_err(|e| e.to_string())?;
     let mut r = Rank::new(&ctx, rank, &d, &fill, silu)?;
+    // The low-latency kernel takes messages up to its limit only (ExceedsCapacity above).
+    let low_latency_fits = batch * args.hidden * 2 <= comm.config().low_latency_limit();
     let mut times = Vec::new();
     for v in VARIANTS {
+        if v == Variant::FusedAloneLowLatency && !low_latency_fits {
+            times.push(f64::NAN);
+            continue;
+        }
         // Eager once (cuBLAS picks its kernels and workspace outside the capture).
         barrier.wait();
         r.step(&comm, &d, 1, v)?;
@@ -539,7 +549,7 @@ fn run() -> Result<(), String> {
             "batch {batch} ({} KiB per all-reduce):",
             batch * args.hidden * 2 / 1024
         );
-        for (v, secs) in VARIANTS.iter().zip(t) {
+        for (v, secs) in VARIANTS.iter().zip(t).filter(|(_, s)| !s.is_nan()) {
             println!(
                 "  {:<24} {:>9.1} us/step  {:>8.2} us/layer",
                 v.name(),
@@ -559,10 +569,15 @@ fn run() -> Result<(), String> {
             if t[0] < t[1] { "FASTER" } else { "NOT faster" },
             if t[3] < t[4] { "FASTER" } else { "NOT faster" },
         );
+        let low_latency = if t[5].is_nan() {
+            "n/a (above the low-latency limit)".to_string()
+        } else {
+            format!("{:.2} us", alone(t[5]))
+        };
         println!(
-            "  fused alone per call, algorithm forced: one-shot {:.2} us, two-shot {:.2} us",
-            alone(t[5]),
-            alone(t[6])
+            "  fused alone per call, algorithm forced: low-latency {low_latency}, one-shot {:.2} us, two-shot {:.2} us",
+            alone(t[6]),
+            alone(t[7])
         );
     }
     Ok(())

@@ -87,6 +87,31 @@ fn cross_rank_flags_use_system_scope_release_acquire() {
     }
 }
 
+/// Every kernel that takes part in a call (all but the empty, spin, producer and unfused norm
+/// helpers) waits for its predecessor (`griddepcontrol.wait`, in `begin_call`) before it
+/// touches memory: the buffer-reuse argument under Programmatic Dependent Launch rests on it.
+#[test]
+fn every_call_kernel_waits_for_its_predecessor() {
+    if !kernels_or_skip("every_call_kernel_waits_for_its_predecessor") {
+        return;
+    }
+    let ptx = symm_allreduce::embedded_ptx();
+    let mut checked = 0;
+    for entry in ptx.split(".entry ").skip(1) {
+        let name = entry.split('(').next().unwrap_or_default().trim();
+        if ["symm_empty", "symm_spin", "symm_produce", "symm_rmsnorm"]
+            .iter()
+            .any(|helper| name.starts_with(helper))
+        {
+            continue;
+        }
+        assert!(entry.contains("griddepcontrol.wait"), "{name} does not wait for its predecessor");
+        checked += 1;
+    }
+    // 15 barrier kernels of the registry × 3 dtypes, and the sync floor.
+    assert!(checked >= 15 * 3 + 1, "only {checked} call kernels in the PTX");
+}
+
 #[test]
 fn every_kernel_is_present_and_peer_data_moves_in_16_byte_packs() {
     if !kernels_or_skip("every_kernel_is_present_and_peer_data_moves_in_16_byte_packs") {
