@@ -69,6 +69,9 @@ struct Args {
     /// Use at most this many GPUs (default: all visible).
     #[arg(long)]
     gpus: Option<usize>,
+    /// Launch the all-reduce kernels without Programmatic Dependent Launch (`Config::pdl`).
+    #[arg(long)]
+    no_pdl: bool,
 }
 
 const KERNELS: &str = r#"
@@ -514,6 +517,7 @@ fn run() -> Result<(), String> {
     let rank_ctx: Vec<Arc<CudaContext>> = (0..w).map(|r| ctxs[r % gpus].clone()).collect();
     let config = Config {
         capacity_bytes: 8 << 20,
+        pdl: !args.no_pdl,
         ..Config::default()
     };
     for &batch in &args.batch {
@@ -539,9 +543,18 @@ fn run() -> Result<(), String> {
                 .map(|h| h.join().unwrap_or_else(|_| Err("a rank thread panicked".into())))
                 .collect()
         });
+        // Every rank's error, not only the first: a rank that failed on its own (and never
+        // launched its part of a call) shows up beside the peers that then timed out.
         let mut per_rank = Vec::new();
+        let mut errors = Vec::new();
         for (r, res) in results.into_iter().enumerate() {
-            per_rank.push(res.map_err(|e| format!("rank {r}: {e}"))?);
+            match res {
+                Ok(t) => per_rank.push(t),
+                Err(e) => errors.push(format!("rank {r}: {e}")),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(format!("batch {batch}:\n  {}", errors.join("\n  ")));
         }
         let t = &per_rank[0];
         let layers = args.layers as f64;

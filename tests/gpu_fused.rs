@@ -29,7 +29,7 @@ use symm_allreduce::{Algorithm, Communicator, Config, DType, Error};
 const EPS: f32 = 1e-5;
 const CAPACITY: usize = 32 << 20;
 /// The low-latency slots of these groups (the published 32 KiB would leave the fused
-/// low-latency kernel only the smallest shapes): `Auto` and `LowLatency` take it up to here.
+/// low-latency kernel only the smallest shapes): `LowLatency` takes it up to here.
 const LOW_LATENCY_MAX: usize = 256 << 10;
 
 fn config() -> Config {
@@ -521,8 +521,9 @@ fn bad_shapes_return_typed_errors_and_touch_nothing(ctx: Arc<CudaContext>) {
 }
 
 /// Each rank captures one graph holding fused calls (low-latency, one-shot, two-shot,
-/// automatic: 1 × 8192 takes the low-latency kernel, 32 × 8192 the two-shot) and the unfused
-/// pair on the same inputs; the graphs are replayed 100 times with new inputs
+/// automatic: 1 × 8192 takes the one-shot, 32 × 8192 the two-shot at W = 8 and the one-shot
+/// at W = 2, whose one-shot limit is 512 KiB) and the unfused pair on the same inputs; the
+/// graphs are replayed 100 times with new inputs
 /// and a new residual copied in before every replay (outside the graph).
 fn fused_graph_replays(ctx: Arc<CudaContext>, world: usize) {
     const H: usize = 8192;
@@ -540,8 +541,11 @@ fn fused_graph_replays(ctx: Arc<CudaContext>, world: usize) {
             .unwrap()
             .to_string()
     };
-    assert!(path(1, H).contains("low-latency (no barrier)"), "{}", path(1, H));
-    assert!(path(32, H).contains("two-shot"), "{}", path(32, H));
+    assert!(path(1, H).contains("one-shot"), "{}", path(1, H));
+    let above = 32 * H * 2 > comms[0].config().one_shot_limit(DType::BF16, world);
+    assert_eq!(above, world == 8);
+    let expected = if above { "two-shot" } else { "one-shot" };
+    assert!(path(32, H).contains(expected), "{}", path(32, H));
     let alloc = |s: &Arc<CudaStream>, n: usize| s.alloc_zeros::<bf16>(n).unwrap();
     struct Op {
         input: Vec<CudaSlice<bf16>>,

@@ -280,12 +280,11 @@ fn a_loaded_table_moves_the_fused_auto_choice_and_the_bits_stay(ctx: Arc<CudaCon
     };
     let (comms, streams) = group(&ctx, W, config.clone().with_tuning(table));
     let (plain, plain_streams) = group(&ctx, W, config);
-    // (tokens, hidden, algorithm with the table, with the published rule: low-latency up to
-    // 32 KiB, the table having no all-reduce entries; one-shot up to 512 KiB at W=4).
+    // (tokens, hidden, algorithm with the table, with the published rule: one-shot up to
+    // 512 KiB at W=4; Auto never takes the fused low-latency kernel).
     for (tokens, hidden, with_table, published) in [
-        (1, 8192, Algorithm::LowLatency, Algorithm::LowLatency),
-        (2, 8192, Algorithm::LowLatency, Algorithm::LowLatency), // exactly 32 KiB
-        (3, 8192, Algorithm::OneShot, Algorithm::OneShot),
+        (1, 8192, Algorithm::OneShot, Algorithm::OneShot),
+        (2, 8192, Algorithm::OneShot, Algorithm::OneShot),
         (8, 8192, Algorithm::OneShot, Algorithm::OneShot),
         (9, 8192, Algorithm::TwoShot, Algorithm::OneShot),
         (32, 8192, Algorithm::TwoShot, Algorithm::OneShot), // exactly 512 KiB
@@ -296,12 +295,10 @@ fn a_loaded_table_moves_the_fused_auto_choice_and_the_bits_stay(ctx: Arc<CudaCon
             .add_rmsnorm_path(tokens, hidden, DType::BF16, Algorithm::Auto)
             .unwrap();
         assert_eq!(p.algorithm, with_table, "{tokens}x{hidden}: {p}");
-        let decided_by = if with_table == Algorithm::LowLatency {
-            "bytes <= low-latency limit (32768)"
-        } else {
-            "tuning table's entry for hidden 8192"
-        };
-        assert!(p.reason.contains(decided_by), "{tokens}x{hidden}: {p}");
+        assert!(
+            p.reason.contains("tuning table's entry for hidden 8192"),
+            "{tokens}x{hidden}: {p}"
+        );
         let q = plain[0]
             .add_rmsnorm_path(tokens, hidden, DType::BF16, Algorithm::Auto)
             .unwrap();

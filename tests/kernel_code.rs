@@ -105,11 +105,15 @@ fn every_call_kernel_waits_for_its_predecessor() {
         {
             continue;
         }
-        assert!(entry.contains("griddepcontrol.wait"), "{name} does not wait for its predecessor");
+        assert!(
+            entry.contains("griddepcontrol.wait"),
+            "{name} does not wait for its predecessor"
+        );
         checked += 1;
     }
     // 15 barrier kernels of the registry × 3 dtypes, and the sync floor.
-    assert!(checked >= 15 * 3 + 1, "only {checked} call kernels in the PTX");
+    let expected = 15 * 3 + 1;
+    assert!(checked >= expected, "only {checked} call kernels in the PTX, {expected} expected");
 }
 
 #[test]

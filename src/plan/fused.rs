@@ -96,13 +96,14 @@ fn fused_kernel(algorithm: Algorithm) -> Kernel {
 /// Routes a fused call of `tokens × hidden` elements (pure, allocation-free unless refused):
 /// NCCL when asked for or configured, when there is no workspace, or (for `Auto` with a
 /// fallback) above `nccl_above_bytes` or the capacity: the all-reduce then runs on NCCL and
-/// the unfused epilogue kernel follows. Otherwise `Auto` takes the fused low-latency kernel
-/// up to the all-reduce's low-latency limit for the dtype and world (the same crossover:
-/// both push the same lines), then the fused one-shot up to the limit of
-/// [`Config::fused_limit`] (the tuning table's fused token limit for the nearest measured
-/// hidden size, else the all-reduce's one-shot limit in bytes; one rank: always) and the
-/// fused two-shot above it. `LowLatency` asked for or configured above the low-latency slots
-/// is [`Error::ExceedsCapacity`], as for the all-reduce.
+/// the unfused epilogue kernel follows. Otherwise `Auto` takes the fused one-shot up to the
+/// limit of [`Config::fused_limit`] (the tuning table's fused token limit for the nearest
+/// measured hidden size, else the all-reduce's one-shot limit in bytes; one rank: always) and
+/// the fused two-shot above it. `Auto` never takes the fused low-latency kernel: it runs one
+/// block per row, so at decode's few rows it has far fewer threads polling than the
+/// all-reduce's low-latency kernel, and on the H200 it lost to the fused one-shot (8192 × 1
+/// bf16, W = 8 virtual ranks: 11.79 vs 9.49 µs). `LowLatency` asked for or configured runs it;
+/// above the low-latency slots that is [`Error::ExceedsCapacity`], as for the all-reduce.
 pub(crate) fn route_fused(
     tokens: usize,
     hidden: usize,
@@ -174,9 +175,7 @@ pub(crate) fn route_fused(
                     FusedLimit::Bytes(max) => bytes <= max,
                     FusedLimit::Tokens { max, .. } => tokens <= max,
                 };
-            let a = if bytes <= config.thresholds(dtype, facts.world).low_latency_max {
-                Algorithm::LowLatency
-            } else if one_shot {
+            let a = if one_shot {
                 Algorithm::OneShot
             } else {
                 Algorithm::TwoShot
@@ -327,28 +326,28 @@ mod tests {
     fn auto_routes_by_size_and_grids_are_one_block_per_row() {
         let c = Config::default();
         let f = facts(8, Ok(()));
-        // 8192 × 1 bf16 = 16 KiB: low-latency (the all-reduce's 32 KiB limit), one block.
+        // 8192 × 1 bf16 = 16 KiB: the one-shot, one block (Auto never takes the fused
+        // low-latency kernel, although the all-reduce of 16 KiB would be low-latency).
         let r = route_fused(1, 8192, DType::BF16, &c, Algorithm::Auto, f).unwrap();
         assert_eq!(
             r.target,
             Target::Kernel(
-                Kernel::FusedLowLatency,
-                grid(Kernel::FusedLowLatency, 1, DType::BF16, 8, WIDE)
+                Kernel::FusedOneShot,
+                grid(Kernel::FusedOneShot, 1, DType::BF16, 8, WIDE)
             )
         );
         let Target::Kernel(_, p) = r.target else {
             unreachable!()
         };
-        assert_eq!((p.blocks, p.algorithm), (1, Algorithm::LowLatency));
+        assert_eq!((p.blocks, p.algorithm), (1, Algorithm::OneShot));
         let d = explain_fused(&r, (1, 8192), Algorithm::Auto, &c, f);
         assert!(
             d.reason.starts_with(
-                "fused all-reduce + residual + RMSNorm, low-latency (no barrier): 16384 bytes <= low-latency limit"
+                "fused all-reduce + residual + RMSNorm, one-shot: 16384 bytes <= one-shot limit"
             ),
             "{}",
             d.reason
         );
-        // 32 KiB is still low-latency, 48 KiB the one-shot.
         let kernel = |tokens| match route_fused(tokens, 8192, DType::BF16, &c, Algorithm::Auto, f)
             .unwrap()
             .target
@@ -356,8 +355,9 @@ mod tests {
             Target::Kernel(k, _) => k,
             Target::Nccl => panic!("NCCL"),
         };
-        assert_eq!(kernel(2), Kernel::FusedLowLatency);
-        assert_eq!(kernel(3), Kernel::FusedOneShot);
+        for tokens in 1..=16 {
+            assert_eq!(kernel(tokens), Kernel::FusedOneShot, "{tokens} tokens");
+        }
         // 8192 × 32 bf16 = 512 KiB > 256 KiB at W=8: two-shot, one block per row up to the
         // two-shot limit (16 here).
         let r = route_fused(32, 8192, DType::BF16, &c, Algorithm::Auto, f).unwrap();
@@ -413,7 +413,7 @@ mod tests {
                 ..Config::default()
             };
             let r = route_fused(1, 8192, DType::BF16, &configured, Algorithm::Auto, f).unwrap();
-            assert_eq!((r.algorithm(), r.rule), (Algorithm::LowLatency, Rule::Size));
+            assert_eq!((r.algorithm(), r.rule), (Algorithm::OneShot, Rule::Size));
         }
         // The unfused kernel takes any grid.
         assert_eq!(grid(Kernel::RmsNorm, 512, DType::BF16, 8, WIDE).blocks, 512);

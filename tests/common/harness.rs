@@ -157,6 +157,17 @@ impl Tally {
     }
 }
 
+/// GPU tests run one at a time, whatever `--test-threads` says. Every test builds groups of
+/// virtual ranks that share device 0, and each group sizes its grids to fill the device: two
+/// groups running at once can keep each other's blocks from becoming resident, and their
+/// barriers then time out (README, "Ranks sharing a GPU"). CPU tests still run in parallel.
+static ONE_GPU_TEST: Mutex<()> = Mutex::new(());
+
+fn one_gpu_test_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    // A failed test poisons the lock; the next one runs all the same.
+    ONE_GPU_TEST.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn trial(test: Test, tally: &Arc<Tally>) -> (Trial, bool) {
     let t = tally.clone();
     match test {
@@ -168,37 +179,47 @@ fn trial(test: Test, tally: &Arc<Tally>) -> (Trial, bool) {
             false,
         ),
         Test::Gpu(name, f) => (
-            Trial::ignorable_test(name, move || match gpu_context() {
-                Ok(ctx) => {
-                    f(ctx);
-                    t.ran()
+            Trial::ignorable_test(name, move || {
+                let _gpu = one_gpu_test_at_a_time();
+                match gpu_context() {
+                    Ok(ctx) => {
+                        f(ctx);
+                        t.ran()
+                    }
+                    Err(reason) => t.cannot_run(reason),
                 }
-                Err(reason) => t.cannot_run(reason),
             }),
             true,
         ),
         Test::GpuTracked(name, f) => (
-            Trial::ignorable_test(name, move || match gpu_context_tracked() {
-                Ok(ctx) => {
-                    f(ctx);
-                    t.ran()
+            Trial::ignorable_test(name, move || {
+                let _gpu = one_gpu_test_at_a_time();
+                match gpu_context_tracked() {
+                    Ok(ctx) => {
+                        f(ctx);
+                        t.ran()
+                    }
+                    Err(reason) => t.cannot_run(reason),
                 }
-                Err(reason) => t.cannot_run(reason),
             }),
             true,
         ),
         Test::GpuProcesses(name, f) => (
-            Trial::ignorable_test(name, move || match gpu_missing() {
-                None => {
-                    f();
-                    t.ran()
+            Trial::ignorable_test(name, move || {
+                let _gpu = one_gpu_test_at_a_time();
+                match gpu_missing() {
+                    None => {
+                        f();
+                        t.ran()
+                    }
+                    Some(reason) => t.cannot_run(reason),
                 }
-                Some(reason) => t.cannot_run(reason),
             }),
             true,
         ),
         Test::GpuAndNccl(name, f) => (
             Trial::ignorable_test(name, move || {
+                let _gpu = one_gpu_test_at_a_time();
                 let ctx = match gpu_context() {
                     Ok(ctx) => ctx,
                     Err(reason) => return t.cannot_run(reason),
