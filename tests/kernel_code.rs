@@ -113,7 +113,10 @@ fn every_call_kernel_waits_for_its_predecessor() {
     }
     // 15 barrier kernels of the registry × 3 dtypes, and the sync floor.
     let expected = 15 * 3 + 1;
-    assert!(checked >= expected, "only {checked} call kernels in the PTX, {expected} expected");
+    assert!(
+        checked >= expected,
+        "only {checked} call kernels in the PTX, {expected} expected"
+    );
 }
 
 #[test]

@@ -64,10 +64,11 @@ impl Communicator {
     /// [`all_reduce_add_rmsnorm`](Self::all_reduce_add_rmsnorm) with a forced algorithm:
     /// `LowLatency` (up to [`Config::low_latency_limit`](crate::Config::low_latency_limit)
     /// bytes, else [`Error::ExceedsCapacity`]), `OneShot` or `TwoShot` (the multimem
-    /// algorithms take the peer one-shot; `Nccl` runs NCCL's all-reduce into `norm_out`,
-    /// then the unfused epilogue). `Auto` takes the low-latency kernel up to the
-    /// all-reduce's low-latency limit, the one-shot up to the fused one-shot limit, the
-    /// two-shot above ([`add_rmsnorm_path`](Self::add_rmsnorm_path) says which and why).
+    /// algorithms have no fused kernel: [`Error::InvalidConfig`]; `Nccl` runs NCCL's
+    /// all-reduce into `norm_out`, then the unfused epilogue). `Auto` takes the one-shot up
+    /// to the fused one-shot limit and the two-shot above, never the low-latency kernel (one
+    /// block per row polls too few lines at decode's row counts: README, "Fused all-reduce +
+    /// residual + RMSNorm"); [`add_rmsnorm_path`](Self::add_rmsnorm_path) says which and why.
     #[allow(clippy::too_many_arguments)]
     pub fn all_reduce_add_rmsnorm_with<T: Element>(
         &self,
