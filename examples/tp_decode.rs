@@ -434,6 +434,15 @@ fn rank_main(
     let mut r = Rank::new(&ctx, rank, &d, &fill, silu)?;
     // The low-latency kernel takes messages up to its limit only (ExceedsCapacity above).
     let low_latency_fits = batch * args.hidden * 2 <= comm.config().low_latency_limit();
+    // Load every kernel of the step before the first collective: with CUDA's lazy module
+    // loading (the default since 12.2) the first launch of a kernel not yet loaded, such as the
+    // GEMM cuBLAS picks for a new shape, may synchronise the context. Ranks sharing a GPU share
+    // it, so a rank stuck there cannot launch its part of a call that its peers' kernels
+    // already wait in. One step without collectives, between barriers, loads them all.
+    barrier.wait();
+    r.step(&comm, &d, 1, Variant::ComputeOnly)?;
+    r.stream.synchronize().map_err(|e| e.to_string())?;
+    barrier.wait();
     let mut times = Vec::new();
     for v in VARIANTS {
         if v == Variant::FusedAloneLowLatency && !low_latency_fits {
