@@ -211,7 +211,7 @@ pub(crate) fn explain_fused(
     facts: PathFacts<'_>,
 ) -> PathDecision {
     let mut d = explain(route, requested, config, facts);
-    let size_rule = route.rule == Rule::Size && route.algorithm() != Algorithm::LowLatency;
+    let size_rule = route.rule == Rule::Size;
     if size_rule && facts.world == 1 {
         // The all-reduce's sentence would name its one-rank two-shot.
         d.reason = "one rank: the fused one-shot (no peers to wait for)".to_string();

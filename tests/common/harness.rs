@@ -168,6 +168,33 @@ fn one_gpu_test_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE_GPU_TEST.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// A GPU trial: `body` runs holding the one-GPU-test lock.
+fn gpu_trial(
+    name: &'static str,
+    body: impl FnOnce() -> Result<Completion, Failed> + Send + 'static,
+) -> (Trial, bool) {
+    let trial = Trial::ignorable_test(name, move || {
+        let _gpu = one_gpu_test_at_a_time();
+        body()
+    });
+    (trial, true)
+}
+
+/// Runs `f` on the context, or reports why there is none.
+fn with_context(
+    t: &Tally,
+    ctx: Result<Arc<CudaContext>, String>,
+    f: fn(Arc<CudaContext>),
+) -> Result<Completion, Failed> {
+    match ctx {
+        Ok(ctx) => {
+            f(ctx);
+            t.ran()
+        }
+        Err(reason) => t.cannot_run(reason),
+    }
+}
+
 fn trial(test: Test, tally: &Arc<Tally>) -> (Trial, bool) {
     let t = tally.clone();
     match test {
@@ -178,60 +205,19 @@ fn trial(test: Test, tally: &Arc<Tally>) -> (Trial, bool) {
             }),
             false,
         ),
-        Test::Gpu(name, f) => (
-            Trial::ignorable_test(name, move || {
-                let _gpu = one_gpu_test_at_a_time();
-                match gpu_context() {
-                    Ok(ctx) => {
-                        f(ctx);
-                        t.ran()
-                    }
-                    Err(reason) => t.cannot_run(reason),
-                }
-            }),
-            true,
-        ),
-        Test::GpuTracked(name, f) => (
-            Trial::ignorable_test(name, move || {
-                let _gpu = one_gpu_test_at_a_time();
-                match gpu_context_tracked() {
-                    Ok(ctx) => {
-                        f(ctx);
-                        t.ran()
-                    }
-                    Err(reason) => t.cannot_run(reason),
-                }
-            }),
-            true,
-        ),
-        Test::GpuProcesses(name, f) => (
-            Trial::ignorable_test(name, move || {
-                let _gpu = one_gpu_test_at_a_time();
-                match gpu_missing() {
-                    None => {
-                        f();
-                        t.ran()
-                    }
-                    Some(reason) => t.cannot_run(reason),
-                }
-            }),
-            true,
-        ),
-        Test::GpuAndNccl(name, f) => (
-            Trial::ignorable_test(name, move || {
-                let _gpu = one_gpu_test_at_a_time();
-                let ctx = match gpu_context() {
-                    Ok(ctx) => ctx,
-                    Err(reason) => return t.cannot_run(reason),
-                };
-                if let Some(reason) = nccl_missing() {
-                    return t.cannot_run(reason);
-                }
-                f(ctx);
+        Test::Gpu(name, f) => gpu_trial(name, move || with_context(&t, gpu_context(), f)),
+        Test::GpuTracked(name, f) => gpu_trial(name, move || with_context(&t, gpu_context_tracked(), f)),
+        Test::GpuProcesses(name, f) => gpu_trial(name, move || match gpu_missing() {
+            None => {
+                f();
                 t.ran()
-            }),
-            true,
-        ),
+            }
+            Some(reason) => t.cannot_run(reason),
+        }),
+        Test::GpuAndNccl(name, f) => gpu_trial(name, move || {
+            let ctx = gpu_context().and_then(|ctx| nccl_missing().map_or(Ok(ctx), Err));
+            with_context(&t, ctx, f)
+        }),
     }
 }
 
