@@ -71,11 +71,9 @@ __device__ __forceinline__ void report_error(const SymmArgs& a, uint32_t code) {
 // Rank q's chunk of c.bytes[q] bytes lands at byte sum(c.bytes[0..q]) of `out`.
 __device__ __forceinline__ void all_gather_bytes(const char* in, char* out, const GatherCounts& c,
                                                  const SymmArgs& a) {
-    const auto epoch = begin_call(a);
-    const uint32_t parity = static_cast<uint32_t>(epoch & 1);
-    const PackLoop loop;
     // Counts and output offsets in shared memory: indexed by rank, they would otherwise go to
-    // the stack.
+    // the stack. Only kernel parameters are read, so this precedes `begin_call`, and a thread
+    // that returns on a poisoned call leaves no other thread without its counts.
     __shared__ uint64_t count[MAX_RANKS];
     __shared__ uint64_t offset[MAX_RANKS];
     if (threadIdx.x == 0) {
@@ -87,6 +85,10 @@ __device__ __forceinline__ void all_gather_bytes(const char* in, char* out, cons
         }
     }
     __syncthreads();
+    const uint64_t epoch = begin_call(a);
+    if (epoch == 0) return;
+    const uint32_t parity = static_cast<uint32_t>(epoch & 1);
+    const PackLoop loop;
     uint64_t max_packs = 0;
     for (uint32_t q = 0; q < a.world; ++q) {
         if (q != a.rank && count[q] / 16 > max_packs) max_packs = count[q] / 16;

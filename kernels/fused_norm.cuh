@@ -115,7 +115,8 @@ __device__ __forceinline__ void residual_rmsnorm(const NormArgs& f) {
 template <typename T>
 __device__ __forceinline__ void fused_one_shot(const NormArgs& f, const SymmArgs& a) {
     __shared__ float red[17];
-    const auto epoch = begin_call(a);
+    const uint64_t epoch = begin_call(a);
+    if (epoch == 0) return;
     const uint32_t parity = epoch & 1;
     const uint32_t packs = f.hidden / Elem<T>::PER_PACK;
     const uint4* src = reinterpret_cast<const uint4*>(f.input);
@@ -195,7 +196,8 @@ __device__ __forceinline__ void fused_low_latency(const NormArgs& f, const SymmA
 template <typename T>
 __device__ __forceinline__ void fused_two_shot(const NormArgs& f, const SymmArgs& a) {
     __shared__ float red[17];
-    const auto epoch = begin_call(a);
+    const uint64_t epoch = begin_call(a);
+    if (epoch == 0) return;
     const uint32_t parity = epoch & 1;
     const uint32_t packs = f.hidden / Elem<T>::PER_PACK;
     const uint32_t per_rank = (f.tokens + a.world - 1) / a.world;

@@ -25,7 +25,8 @@ __device__ __forceinline__ uint4 load_pack_unaligned(const T* src) {
 
 template <typename T>
 __device__ __forceinline__ void reduce_scatter(const T* in, T* out, uint64_t n, const SymmArgs& a) {
-    const auto epoch = begin_call(a);
+    const uint64_t epoch = begin_call(a);
+    if (epoch == 0) return;
     const uint32_t parity = static_cast<uint32_t>(epoch & 1);
     constexpr uint32_t P = Elem<T>::PER_PACK;
     const uint64_t packs = n / P;

@@ -30,7 +30,9 @@ __device__ __forceinline__ uint64_t* signal_slot(const SymmArgs& a, uint32_t own
 }
 
 // Epoch of the call this grid runs (one more than the calls completed so far), or 0 if the
-// group is poisoned: then the kernel returns without touching anything. Every thread reads
+// group is poisoned or the divergence check failed: then the kernel returns at once, without
+// touching its output or the workspace (epoch 0 would mean parity 0, which may be the buffer a
+// slow peer still reads for the previous call; tests/kernel_code.rs checks every kernel). Every thread reads
 // the call state itself (no block-wide broadcast); `pdl_wait` first, so the previous kernel
 // on the stream has completed; with the divergence check on, every peer's call is compared
 // first. Call it before touching any input, output or workspace.

@@ -273,3 +273,40 @@ fn build_settings_are_parsed_and_unsafe_flags_refused() {
     assert!(unity.contains("#include \"a.cu\"\n"));
     assert!(unity.contains("__CUDA_ARCH__ >= 900\n#include \"b.cu\"\n#endif"));
 }
+
+/// A call that `begin_call` refuses (the group is poisoned, or the divergence check failed)
+/// has epoch 0, and parity 0 is a buffer a slow peer may still be reading for the previous
+/// call: so every kernel returns before it touches its output or the workspace. Checked in
+/// the sources (no nvcc needed): the statement after every `begin_call` is that return.
+#[test]
+fn every_kernel_returns_at_once_on_a_refused_call() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
+    let mut sites = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "cuh" && e != "cu") {
+            continue;
+        }
+        let source = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = source.lines().map(str::trim).collect();
+        for (i, line) in lines.iter().enumerate() {
+            if line.starts_with("//") || !line.contains("= begin_call(a);") {
+                continue;
+            }
+            let next = lines[i + 1..]
+                .iter()
+                .find(|l| !l.is_empty() && !l.starts_with("//"));
+            assert_eq!(
+                next.copied(),
+                Some("if (epoch == 0) return;"),
+                "{}:{}: a kernel goes on after begin_call refused the call",
+                path.display(),
+                i + 1
+            );
+            sites += 1;
+        }
+    }
+    // one-shot, two-shot, in-place, low-latency, reduce-scatter (both), all-gather (both),
+    // pool two-shot and the three fused kernels.
+    assert!(sites >= 12, "only {sites} kernels call begin_call");
+}

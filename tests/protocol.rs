@@ -636,6 +636,100 @@ fn diverged_calls_are_reported_on_every_rank(ctx: Arc<CudaContext>) {
     }
 }
 
+/// The fused call and the one-shot all-gather-v are checked too: two ranks whose fused calls
+/// have the same number of elements but another tokens × hidden shape (one-shot, two-shot
+/// and low-latency kernels), and two ranks whose all-gather-v counts have the same total but
+/// split it differently, get `Error::Diverged` on every rank (not a timeout, and not the
+/// all-gather's own `CountsMismatch`), before any data moves.
+fn diverged_fused_and_gather_calls_are_reported_on_every_rank(ctx: Arc<CudaContext>) {
+    let timeout = Duration::from_secs(2);
+    let config = Config {
+        capacity_bytes: 1 << 20,
+        timeout,
+        check_divergence: true,
+        ..Config::default()
+    };
+    let expect = |what: &str, comms: &[Communicator], streams: &[Arc<CudaStream>], started: Instant| {
+        for (r, (c, s)) in comms.iter().zip(streams).enumerate() {
+            match c.synchronize(s) {
+                Err(Error::Diverged { .. }) => {}
+                Err(Error::Poisoned { cause }) if matches!(*cause, Error::Diverged { .. }) => {}
+                other => panic!("{what}: rank {r}: expected Diverged, got {other:?}"),
+            }
+        }
+        let took = started.elapsed();
+        assert!(took < timeout, "{what}: reported after {took:?}");
+        eprintln!("{what}: {}", comms[0].check_usable().unwrap_err());
+    };
+    // (tokens, hidden) per rank: 8192 elements each.
+    let shapes = [(2usize, 4096usize), (1, 8192)];
+    for algo in [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::LowLatency] {
+        let (comms, streams) = common::group(&ctx, 2, config.clone());
+        let mut rng = rng(algo as u64);
+        let bufs: Vec<_> = shapes
+            .iter()
+            .zip(&streams)
+            .map(|(&(t, h), s)| {
+                let input = s.clone_htod(&random_input::<bf16>(&mut rng, t * h)).unwrap();
+                let residual = s.clone_htod(&random_input::<bf16>(&mut rng, t * h)).unwrap();
+                let weight = s.clone_htod(&random_input::<bf16>(&mut rng, h)).unwrap();
+                let out: CudaSlice<bf16> = s.alloc_zeros(t * h).unwrap();
+                (input, residual, weight, out)
+            })
+            .collect();
+        let mut bufs = bufs;
+        for s in &streams {
+            s.synchronize().unwrap();
+        }
+        let started = Instant::now();
+        for (r, (input, residual, weight, out)) in bufs.iter_mut().enumerate() {
+            let _ = comms[r].all_reduce_add_rmsnorm_with(
+                &*input,
+                residual,
+                &*weight,
+                1e-6,
+                out,
+                &streams[r],
+                algo,
+            );
+        }
+        expect(
+            &format!("fused {algo:?}, 2x4096 vs 1x8192"),
+            &comms,
+            &streams,
+            started,
+        );
+    }
+
+    let (comms, streams) = common::group(&ctx, 2, config);
+    let counts = [[16usize, 32], [32, 16]];
+    let inputs: Vec<CudaSlice<f32>> = streams
+        .iter()
+        .map(|s| s.clone_htod(&[1.0f32; 16]).unwrap())
+        .collect();
+    let mut outputs: Vec<CudaSlice<f32>> = streams.iter().map(|s| s.alloc_zeros(48).unwrap()).collect();
+    for s in &streams {
+        s.synchronize().unwrap();
+    }
+    let started = Instant::now();
+    for r in 0..2 {
+        let _ = comms[r].all_gather_v(&inputs[r], &counts[r], &mut outputs[r], &streams[r]);
+    }
+    expect(
+        "all_gather_v, counts [16, 32] vs [32, 16]",
+        &comms,
+        &streams,
+        started,
+    );
+    for (r, (o, s)) in outputs.iter().zip(&streams).enumerate() {
+        let got = s.clone_dtoh(o).unwrap();
+        assert!(
+            got.iter().all(|&x| x == 0.0),
+            "rank {r}: data moved before the check: {got:?}"
+        );
+    }
+}
+
 fn main() -> std::process::ExitCode {
     common::harness::run(
         "protocol",
@@ -647,6 +741,7 @@ fn main() -> std::process::ExitCode {
             gpu_test!(a_timeout_is_pushed_to_every_rank),
             gpu_test!(sentinel_bit_patterns_give_the_same_bits_on_every_algorithm),
             gpu_test!(diverged_calls_are_reported_on_every_rank),
+            gpu_test!(diverged_fused_and_gather_calls_are_reported_on_every_rank),
             gpu_test!(a_million_mixed_calls_on_two_streams_sampled_bit_exact),
         ],
     )

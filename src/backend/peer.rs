@@ -10,7 +10,7 @@ use crate::config::Config;
 use crate::driver::host::ErrorWord;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::kernels::abi::{check_shape, SymmArgs, THREADS_PER_BLOCK};
+use crate::kernels::abi::{check_shape, fused_check_len, gather_check_len, SymmArgs, THREADS_PER_BLOCK};
 use crate::kernels::coll::{self, GatherCounts};
 use crate::kernels::launch;
 use crate::kernels::norm_abi::NormArgs;
@@ -151,7 +151,7 @@ impl PeerBackend {
         if let (true, Err(why)) = (multimem, &self.multicast) {
             return Err(Error::MulticastUnavailable { reason: why.clone() });
         }
-        let args = self.call_args(Some(kernel), call.dtype, call.input_len, pool_tag);
+        let args = self.call_args(Some(kernel), call.dtype, call.input_len as u64, pool_tag);
         self.launch_function(
             func,
             plan,
@@ -185,7 +185,9 @@ impl PeerBackend {
     ) -> Result<()> {
         let counts = GatherCounts::from_bytes(counts);
         // Every dtype column holds the same byte kernel.
-        let func = self.kernels.get(Kernel::AllGather, crate::dtype::DType::F32)?;
+        let (kernel, column) = (Kernel::AllGather, DType::F32);
+        let func = self.kernels.get(kernel, column)?;
+        let args = self.call_args(Some(kernel), column, gather_check_len(&counts.bytes), 0);
         // SAFETY: the table's all-gather entries take (const T*, T*, u64, SymmArgs,
         // GatherCounts); the caller validated the ranges; the workspace and the error word
         // outlive the launch (the communicator's Drop synchronises first).
@@ -195,7 +197,7 @@ impl PeerBackend {
                 (plan.blocks, plan.threads),
                 input,
                 output,
-                &self.args,
+                &args,
                 &counts,
                 stream,
             )
@@ -216,7 +218,7 @@ impl PeerBackend {
         // Every dtype column holds the same byte kernel; the length is in bytes.
         let (kernel, column) = (Kernel::AllGatherLowLatency, DType::F32);
         let func = self.kernels.get(kernel, column)?;
-        let args = self.call_args(Some(kernel), column, chunk_bytes, 0);
+        let args = self.call_args(Some(kernel), column, chunk_bytes as u64, 0);
         self.launch_function(func, plan, (input, output, chunk_bytes), args, stream)
     }
 
@@ -232,7 +234,7 @@ impl PeerBackend {
         stream: &CudaStream,
     ) -> Result<()> {
         let func = self.kernels.get(kernel, dtype)?;
-        let args = self.call_args(Some(kernel), dtype, len, 0);
+        let args = self.call_args(Some(kernel), dtype, len as u64, 0);
         self.launch_function(func, plan, (input, output, len), args, stream)
     }
 
@@ -250,11 +252,12 @@ impl PeerBackend {
         stream: &CudaStream,
     ) -> Result<()> {
         let func = self.kernels.get(kernel, dtype)?;
-        let args = (kernel != Kernel::RmsNorm).then_some(&self.args);
+        let args = (kernel != Kernel::RmsNorm)
+            .then(|| self.call_args(Some(kernel), dtype, fused_check_len(norm.tokens, norm.hidden), 0));
         // SAFETY: the fused kernels take (NormArgs, SymmArgs) and the unfused one (NormArgs),
         // with the table column's dtype; the caller validated the ranges; the workspace and
         // the error word in `args` outlive the launch (the communicator's Drop synchronises).
-        unsafe { launch::launch_norm(func, (plan.blocks, plan.threads), norm, args, stream) }
+        unsafe { launch::launch_norm(func, (plan.blocks, plan.threads), norm, args.as_ref(), stream) }
     }
 
     /// Launches the body-less kernel with `plan`'s grid.
@@ -271,17 +274,17 @@ impl PeerBackend {
         len: usize,
         stream: &CudaStream,
     ) -> Result<()> {
-        let args = self.call_args(None, dtype, len, 0);
+        let args = self.call_args(None, dtype, len as u64, 0);
         self.launch_function(self.kernels.sync_floor(), plan, (0, 0, len), args, stream)
     }
 
     /// The argument block of one call: the divergence check's announcement of a call of
     /// `kernel` (`None`: the sync floor) on `len` elements of `dtype` (when the check is on),
     /// and the pool tag (0 off the pool).
-    fn call_args(&self, kernel: Option<Kernel>, dtype: DType, len: usize, pool_tag: u64) -> SymmArgs {
+    fn call_args(&self, kernel: Option<Kernel>, dtype: DType, len: u64, pool_tag: u64) -> SymmArgs {
         SymmArgs {
             check_shape: if self.check { check_shape(kernel, dtype) } else { 0 },
-            check_len: len as u64,
+            check_len: len,
             pool_tag,
             ..self.args
         }

@@ -48,23 +48,65 @@ pub(crate) fn check_shape(
     kernel << 8 | (dtype.index() as u64 + 1) << 16 | 1
 }
 
+/// The divergence check's length of a fused call: tokens and hidden size, so that two shapes
+/// with the same number of elements still differ.
+pub(crate) fn fused_check_len(tokens: u32, hidden: u32) -> u64 {
+    u64::from(tokens) << 32 | u64::from(hidden)
+}
+
+/// Bits of [`gather_check_len`] that hold the total byte count.
+const GATHER_TOTAL_BITS: u32 = 48;
+
+/// The divergence check's length of a one-shot all-gather: the total bytes of the per-rank
+/// `counts` (low 48 bits) and a 16-bit digest of the counts themselves (high bits), so that
+/// counts which split the same total differently differ too (beyond what 16 bits tell apart,
+/// the kernel's own counts check still reports `CountsMismatch` before any peer data is read).
+pub(crate) fn gather_check_len(counts: &[u64]) -> u64 {
+    let total = counts.iter().sum::<u64>() & ((1 << GATHER_TOTAL_BITS) - 1);
+    // FNV-1a over the counts' bytes, folded to 16 bits.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in counts.iter().flat_map(|c| c.to_le_bytes()) {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    let digest = (h ^ h >> 16 ^ h >> 32 ^ h >> 48) & 0xffff;
+    digest << GATHER_TOTAL_BITS | total
+}
+
 /// Human form of a call announced to the divergence check.
 pub(crate) fn describe_call(shape: u64, len: u64) -> String {
     use crate::dtype::DType;
-    use crate::kernels::registry::KERNELS;
+    use crate::kernels::registry::{Kernel, KERNELS};
     if shape == 0 {
         return format!("call number {len} (another count of calls)");
     }
-    let kernel = match (shape >> 8) & 0xff {
-        0xff => "sync_floor",
-        k => KERNELS
-            .get(k as usize - 1)
-            .map_or("an unknown kernel", |s| s.prefix),
+    let spec = match (shape >> 8) & 0xff {
+        0xff => None,
+        k => KERNELS.get(k as usize - 1),
+    };
+    let name = match ((shape >> 8) & 0xff, spec) {
+        (0xff, _) => "sync_floor",
+        (_, Some(s)) => s.prefix,
+        (_, None) => "an unknown kernel",
     };
     let dtype = DType::ALL
         .get(((shape >> 16) & 0xff) as usize - 1)
         .map_or("an unknown dtype", |d| d.name());
-    format!("{kernel} of {len} {dtype} elements")
+    match spec.map(|s| s.kernel) {
+        Some(Kernel::FusedOneShot | Kernel::FusedTwoShot | Kernel::FusedLowLatency) => {
+            format!(
+                "{name} of {} x {} {dtype} (tokens x hidden)",
+                len >> 32,
+                len & 0xffff_ffff
+            )
+        }
+        Some(Kernel::AllGather) => format!(
+            "{name} of {} bytes in all (counts digest {:#06x})",
+            len & ((1 << GATHER_TOTAL_BITS) - 1),
+            len >> GATHER_TOTAL_BITS
+        ),
+        Some(Kernel::AllGatherLowLatency) => format!("{name} of {len} bytes per rank"),
+        _ => format!("{name} of {len} {dtype} elements"),
+    }
 }
 /// Error word kind 4: a zero-copy pool call whose pool tag differs between ranks.
 pub(crate) const ERROR_POOL_MISMATCH: u32 = 4;
@@ -219,6 +261,33 @@ mod tests {
         let e = decode_error(2 | (3 << 16) | (2 << 24), [mine, 8, 0, 41], t);
         assert!(e.to_string().contains("call number 41"), "{e}");
         assert!(e.to_string().contains("rank 2 ran one_shot of 8 bf16"), "{e}");
+        let fused = check_shape(Some(Kernel::FusedOneShot), DType::BF16);
+        let e = decode_error(
+            2 | (1 << 16),
+            [fused, fused_check_len(2, 4096), fused, fused_check_len(1, 8192)],
+            t,
+        );
+        assert!(
+            e.to_string()
+                .contains("fused_one_shot of 2 x 4096 bf16 (tokens x hidden)"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("fused_one_shot of 1 x 8192 bf16"), "{e}");
+        let gather = check_shape(Some(Kernel::AllGather), DType::F32);
+        let (a, b) = (gather_check_len(&[16, 32]), gather_check_len(&[32, 16]));
+        assert_ne!(a, b, "the same total split differently");
+        let e = decode_error(2 | (1 << 16), [gather, a, gather, b], t);
+        assert!(
+            e.to_string()
+                .contains("all_gather of 48 bytes in all (counts digest 0x"),
+            "{e}"
+        );
+        let ll = check_shape(Some(Kernel::AllGatherLowLatency), DType::F32);
+        let e = decode_error(2 | (1 << 16), [ll, 96, ll, 80], t);
+        assert!(
+            e.to_string().contains("all_gather_ll of 96 bytes per rank"),
+            "{e}"
+        );
         let pushed = decode_error(2 | (3 << 16) | (2 << 24), [0; 4], t);
         assert!(
             matches!(pushed, Error::Diverged { rank: 2, peer: 3, .. }),
