@@ -48,24 +48,26 @@ __device__ __forceinline__ bool line_arrived(ulonglong2 w) {
            static_cast<uint32_t>(w.y) != NOT_ARRIVED && static_cast<uint32_t>(w.y >> 32) != NOT_ARRIVED;
 }
 
-// Polls line `l` of every peer's slot in this rank's buffer `buffer` until `arrived(w)` holds
-// for each, handing each arrived line to `take(q, w)`. False when the wait timed out or the
-// group is poisoned. Every low-latency reader waits through it.
-template <typename Arrived, typename Take>
+// Polls line `l` of every peer's slot in this rank's buffer `buffer` until `arrived(w[q])`
+// holds for each peer q; the arrived lines are left in `w` (this rank's own entry is not
+// touched). False when the wait timed out or the group is poisoned. Every low-latency reader
+// waits through it. Every pending peer's line is loaded before any is looked at, so a poll
+// costs one round trip, not one per peer (checking each load before issuing the next
+// serialised them), and the lines are loaded straight into `w`: no second copy of 8 lines in
+// registers.
+template <typename Arrived>
 __device__ __forceinline__ bool ll_wait_peers(const SymmArgs& a, uint32_t buffer, uint64_t l, Arrived arrived,
-                                              Take take) {
+                                              ulonglong2 (&w)[MAX_RANKS]) {
     uint32_t pending = ((1u << a.world) - 1) & ~(1u << a.rank);
     Deadline d;
     while (pending != 0) {
 #pragma unroll
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-            if (pending & (1u << q)) {
-                const ulonglong2 w = ld_line_sys(ll_line(a, a.rank, buffer, q, l));
-                if (arrived(w)) {
-                    take(q, w);
-                    pending &= ~(1u << q);
-                }
-            }
+            if (pending & (1u << q)) w[q] = ld_line_sys(ll_line(a, a.rank, buffer, q, l));
+        }
+#pragma unroll
+        for (uint32_t q = 0; q < MAX_RANKS; ++q) {
+            if ((pending & (1u << q)) && arrived(w[q])) pending &= ~(1u << q);
         }
         if (pending != 0 && !d.keep_waiting(a, PHASE_ARRIVAL, __ffs(pending) - 1)) return false;
     }
@@ -81,14 +83,13 @@ template <typename T>
 __device__ __forceinline__ bool ll_reduce_line(const SymmArgs& a, uint32_t buffer, uint64_t l, uint4 own,
                                                uint4& sum) {
     constexpr uint32_t PER_LINE = Elem<T>::PER_PACK;
-    uint4 v[MAX_RANKS];
-    if (!ll_wait_peers(a, buffer, l, line_arrived, [&](uint32_t q, ulonglong2 w) { v[q] = as_pack(w); }))
-        return false;
+    ulonglong2 w[MAX_RANKS];
+    if (!ll_wait_peers(a, buffer, l, line_arrived, w)) return false;
     float acc[PER_LINE];
 #pragma unroll
     for (uint32_t q = 0; q < MAX_RANKS; ++q) {
         if (q < a.world) {
-            const uint4 x = q == a.rank ? own : v[q];
+            const uint4 x = q == a.rank ? own : as_pack(w[q]);
             if (q == 0) {
                 pack_to_float<T>(x, acc);
             } else {

@@ -87,18 +87,16 @@ __device__ __forceinline__ void all_gather_ll(const char* in, char* out, uint64_
     for (uint64_t l = loop.first; l < lines; l += loop.step) {
         const uint64_t at = l * LL_BYTES_PER_LINE;
         const uint32_t count = line_bytes(chunk, at);
-        uint2 v[MAX_RANKS];
-        const auto arrived = [&](ulonglong2 w) {
-            return (w.x & ~0xffffffffull) == flag && (w.y & ~0xffffffffull) == flag;
+        ulonglong2 w[MAX_RANKS];
+        const auto arrived = [&](ulonglong2 x) {
+            return (x.x & ~0xffffffffull) == flag && (x.y & ~0xffffffffull) == flag;
         };
-        const auto take = [&](uint32_t q, ulonglong2 w) {
-            v[q] = make_uint2(static_cast<uint32_t>(w.x), static_cast<uint32_t>(w.y));
-        };
-        if (!ll_wait_peers(a, buffer, l, arrived, take)) break;
+        if (!ll_wait_peers(a, buffer, l, arrived, w)) break;
 #pragma unroll
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
             if (q < a.world && q != a.rank) {
-                store_byte_line(out, q * chunk + at, v[q], count);
+                const uint2 v = make_uint2(static_cast<uint32_t>(w[q].x), static_cast<uint32_t>(w[q].y));
+                store_byte_line(out, q * chunk + at, v, count);
                 st_line_sys(ll_line(a, a.rank, buffer, q, l), make_ulonglong2(LL_NOT_ARRIVED, LL_NOT_ARRIVED));
             }
         }
