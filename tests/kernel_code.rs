@@ -310,3 +310,58 @@ fn every_kernel_returns_at_once_on_a_refused_call() {
     // pool two-shot and the three fused kernels.
     assert!(sites >= 12, "only {sites} kernels call begin_call");
 }
+
+/// A low-latency reader issues every peer's poll load before it looks at any of them: in
+/// every reader kernel some poll load is followed by the other seven (one per possible peer)
+/// before its own registers are first used. When each load was checked before the next was
+/// issued, a poll cost W − 1 round trips in a row (docs/design.md, "One round trip per poll").
+#[test]
+fn low_latency_polls_load_every_peer_before_checking_any() {
+    if !kernels_or_skip("low_latency_polls_load_every_peer_before_checking_any") {
+        return;
+    }
+    const POLL: &str = "ld.relaxed.sys.global.v2.u64";
+    let ptx = symm_allreduce::embedded_ptx();
+    let mut checked = 0;
+    for entry in ptx.split(".entry ").skip(1) {
+        let name = entry.split('(').next().unwrap_or_default().trim();
+        let readers = [
+            "symm_one_shot_ll_",
+            "symm_reduce_scatter_ll_",
+            "symm_all_gather_ll_",
+            "symm_fused_ll_",
+        ];
+        if !readers.iter().any(|r| name.starts_with(r)) {
+            continue;
+        }
+        let lines: Vec<&str> = entry.lines().map(str::trim).collect();
+        let polls: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].starts_with(POLL)).collect();
+        // The destination registers of the load on line i: `ld... {%rdA, %rdB}, [addr];`.
+        let dests = |i: usize| -> Vec<String> {
+            let inner = lines[i]
+                .split('{')
+                .nth(1)
+                .and_then(|s| s.split('}').next())
+                .unwrap_or_default();
+            inner.split(',').map(|r| r.trim().to_string()).collect()
+        };
+        let uses = |line: &str, reg: &str| {
+            line.split(|c: char| !(c.is_alphanumeric() || c == '%' || c == '_'))
+                .any(|token| token == reg)
+        };
+        let batched = polls.windows(8).any(|w| {
+            let regs = dests(w[0]);
+            lines[w[0] + 1..w[7]]
+                .iter()
+                .all(|l| !regs.iter().any(|r| uses(l, r)))
+        });
+        assert!(
+            batched,
+            "{name}: no poll issues all eight peers' loads before checking them"
+        );
+        checked += 1;
+    }
+    // The four reader kernels (all-reduce, reduce-scatter, fused: 3 dtypes each; the
+    // all-gather is byte-typed, one body per dtype column too).
+    assert!(checked >= 12, "only {checked} low-latency readers in the PTX");
+}
