@@ -279,8 +279,9 @@ impl PeerBackend {
     }
 
     /// The argument block of one call: the divergence check's announcement of a call of
-    /// `kernel` (`None`: the sync floor) on `len` elements of `dtype` (when the check is on),
-    /// and the pool tag (0 off the pool).
+    /// `kernel` (`None`: the sync floor) of `dtype` with length `len` (elements; bytes for the
+    /// all-gathers; [`fused_check_len`] and [`gather_check_len`] for the fused call and the
+    /// one-shot all-gather) when the check is on, and the pool tag (0 off the pool).
     fn call_args(&self, kernel: Option<Kernel>, dtype: DType, len: u64, pool_tag: u64) -> SymmArgs {
         SymmArgs {
             check_shape: if self.check { check_shape(kernel, dtype) } else { 0 },

@@ -81,15 +81,16 @@ pub(crate) fn describe_call(shape: u64, len: u64) -> String {
     }
     let spec = match (shape >> 8) & 0xff {
         0xff => None,
-        k => KERNELS.get(k as usize - 1),
+        k => (k as usize).checked_sub(1).and_then(|i| KERNELS.get(i)),
     };
     let name = match ((shape >> 8) & 0xff, spec) {
         (0xff, _) => "sync_floor",
         (_, Some(s)) => s.prefix,
         (_, None) => "an unknown kernel",
     };
-    let dtype = DType::ALL
-        .get(((shape >> 16) & 0xff) as usize - 1)
+    let dtype = (((shape >> 16) & 0xff) as usize)
+        .checked_sub(1)
+        .and_then(|i| DType::ALL.get(i))
         .map_or("an unknown dtype", |d| d.name());
     match spec.map(|s| s.kernel) {
         Some(Kernel::FusedOneShot | Kernel::FusedTwoShot | Kernel::FusedLowLatency) => {
@@ -286,6 +287,13 @@ mod tests {
         let e = decode_error(2 | (1 << 16), [ll, 96, ll, 80], t);
         assert!(
             e.to_string().contains("all_gather_ll of 96 bytes per rank"),
+            "{e}"
+        );
+        // A record whose kernel or dtype byte is 0 (never written by a kernel) is described,
+        // not a panic.
+        let e = decode_error(2 | (1 << 16), [1, 8, 1 << 8, 8], t);
+        assert!(
+            e.to_string().contains("an unknown kernel of 8 an unknown dtype"),
             "{e}"
         );
         let pushed = decode_error(2 | (3 << 16) | (2 << 24), [0; 4], t);
