@@ -40,7 +40,7 @@ use symm_allreduce::cudarc::driver::{
     CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
 use symm_allreduce::cudarc::nvrtc::compile_ptx;
-use symm_allreduce::{Algorithm, Communicator, Config};
+use symm_allreduce::{Algorithm, Communicator, Config, DType};
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Tensor-parallel decode step: fused vs unfused all-reduce + RMSNorm vs compute only")]
@@ -433,7 +433,9 @@ fn rank_main(
     let silu = module.load_function("silu_mul").map_err(|e| e.to_string())?;
     let mut r = Rank::new(&ctx, rank, &d, &fill, silu)?;
     // The low-latency kernel takes messages up to its limit only (ExceedsCapacity above).
-    let low_latency_fits = batch * args.hidden * 2 <= comm.config().low_latency_limit();
+    let low_latency_fits = comm
+        .add_rmsnorm_path(batch, args.hidden, DType::BF16, Algorithm::LowLatency)
+        .is_ok();
     // Load every kernel of the step before the first collective: with CUDA's lazy module
     // loading (the default since 12.2) the first launch of a kernel not yet loaded, such as the
     // GEMM cuBLAS picks for a new shape, may synchronise the context. Ranks sharing a GPU share
@@ -533,7 +535,7 @@ fn run() -> Result<(), String> {
         let comms = Communicator::local_group(&rank_ctx, config.clone()).map_err(|e| e.to_string())?;
         if batch == args.batch[0] {
             let p = comms[0]
-                .add_rmsnorm_path(batch, args.hidden, symm_allreduce::DType::BF16, Algorithm::Auto)
+                .add_rmsnorm_path(batch, args.hidden, DType::BF16, Algorithm::Auto)
                 .map_err(|e| e.to_string())?;
             println!("  path at batch {batch}: {p}");
         }

@@ -211,7 +211,6 @@ struct MultimemColl {
     }
 
     __device__ __forceinline__ bool barrier_impl(uint32_t phase, uint64_t epoch, bool arrives) const {
-        if (epoch == 0) return false;
         // Every thread's unicast writes before any multicast access after the barrier.
         fence_proxy_alias();
         __syncthreads();

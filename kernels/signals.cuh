@@ -32,7 +32,8 @@ __device__ __forceinline__ uint64_t* signal_slot(const SymmArgs& a, uint32_t own
 // Epoch of the call this grid runs (one more than the calls completed so far), or 0 if the
 // group is poisoned or the divergence check failed: then the kernel returns at once, without
 // touching its output or the workspace (epoch 0 would mean parity 0, which may be the buffer a
-// slow peer still reads for the previous call; tests/kernel_code.rs checks every kernel). Every thread reads
+// slow peer still reads for the previous call; tests/kernel_code.rs checks every kernel, and
+// nothing after `begin_call` checks the epoch again). Every thread reads
 // the call state itself (no block-wide broadcast); `pdl_wait` first, so the previous kernel
 // on the stream has completed; with the divergence check on, every peer's call is compared
 // first. Call it before touching any input, output or workspace.
@@ -62,9 +63,9 @@ __device__ __forceinline__ void arrive(const SymmArgs& a, uint64_t epoch) {
     }
 }
 
-// The end of a kernel that has not arrived in a barrier (`block_barrier_arrive`).
+// The end of a kernel that has not arrived in a barrier (`block_barrier_arrive`); `epoch` is
+// the accepted call's (never 0).
 __device__ __forceinline__ void end_call(const SymmArgs& a, uint64_t epoch) {
-    if (epoch == 0) return;
     __syncthreads();
     if (threadIdx.x == 0) arrive(a, epoch);
 }
@@ -72,12 +73,12 @@ __device__ __forceinline__ void end_call(const SymmArgs& a, uint64_t epoch) {
 // Barrier between block blockIdx.x of every rank. Thread t < world signals rank t and waits
 // for rank t. The __syncthreads before the release orders the whole block's writes before
 // it; the acquire polls and the __syncthreads after them extend the peers'
-// writes to the whole block. Returns false (in every thread of the block) if a wait timed out,
-// the group is poisoned, or `epoch` is 0 (a poisoned call). With `arrives`, thread 32 (a warp
-// that does not signal) also counts the block's arrival, off the critical path.
+// writes to the whole block. Returns false (in every thread of the block) if a wait timed out
+// or the group is poisoned. `epoch` is never 0: a kernel returns as soon as `begin_call` refuses
+// its call. With `arrives`, thread 32 (a warp that does not signal) also counts the block's
+// arrival, off the critical path.
 __device__ __forceinline__ bool block_barrier_impl(const SymmArgs& a, uint32_t phase, uint64_t epoch,
                                                    bool arrives) {
-    if (epoch == 0) return false;
     __syncthreads();
     int failed = 0;
     const uint32_t t = threadIdx.x;

@@ -52,7 +52,9 @@ extern "C" __global__ void __launch_bounds__(symm::THREADS) symm_empty(const voi
 // faster; an all-reduce's own cost is what it spends above this.
 // Like the one-shot, it lets the next kernel launch once its barrier has passed.
 extern "C" __global__ void __launch_bounds__(symm::THREADS) symm_sync_floor(const void*, void*, uint64_t, SymmArgs a) {
-    if (symm::block_barrier_arrive(a, symm::PHASE_START, symm::begin_call(a))) symm::pdl_launch_dependents();
+    const uint64_t epoch = symm::begin_call(a);
+    if (epoch == 0) return;
+    if (symm::block_barrier_arrive(a, symm::PHASE_START, epoch)) symm::pdl_launch_dependents();
 }
 
 // Test and benchmark helper: one thread spins for `ns` nanoseconds (a rank that is late).

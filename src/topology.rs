@@ -321,10 +321,7 @@ pub(crate) fn this_host() -> (String, [u8; 16]) {
         }
     } else {
         // No boot id: fall back to the host name (FNV-1a, spread over 16 bytes).
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in host.bytes() {
-            h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
-        }
+        let h = crate::config::fnv1a(host.bytes());
         id[..8].copy_from_slice(&h.to_le_bytes());
         id[8..].copy_from_slice(&h.rotate_left(29).to_le_bytes());
     }

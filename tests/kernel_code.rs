@@ -90,15 +90,21 @@ fn cross_rank_flags_use_system_scope_release_acquire() {
 /// Every kernel that takes part in a call (all but the empty, spin, producer and unfused norm
 /// helpers) waits for its predecessor (`griddepcontrol.wait`, in `begin_call`) before it
 /// touches memory: the buffer-reuse argument under Programmatic Dependent Launch rests on it.
+/// Every kernel of the PTX as (entry name, its text up to the next entry).
+fn entries() -> impl Iterator<Item = (&'static str, &'static str)> {
+    symm_allreduce::embedded_ptx()
+        .split(".entry ")
+        .skip(1)
+        .map(|entry| (entry.split('(').next().unwrap_or_default().trim(), entry))
+}
+
 #[test]
 fn every_call_kernel_waits_for_its_predecessor() {
     if !kernels_or_skip("every_call_kernel_waits_for_its_predecessor") {
         return;
     }
-    let ptx = symm_allreduce::embedded_ptx();
     let mut checked = 0;
-    for entry in ptx.split(".entry ").skip(1) {
-        let name = entry.split('(').next().unwrap_or_default().trim();
+    for (name, entry) in entries() {
         if ["symm_empty", "symm_spin", "symm_produce", "symm_rmsnorm"]
             .iter()
             .any(|helper| name.starts_with(helper))
@@ -277,7 +283,8 @@ fn build_settings_are_parsed_and_unsafe_flags_refused() {
 /// A call that `begin_call` refuses (the group is poisoned, or the divergence check failed)
 /// has epoch 0, and parity 0 is a buffer a slow peer may still be reading for the previous
 /// call: so every kernel returns before it touches its output or the workspace. Checked in
-/// the sources (no nvcc needed): the statement after every `begin_call` is that return.
+/// the sources (no nvcc needed): every `begin_call` result goes into `epoch`, and the next
+/// statement is that return (nothing after it checks the epoch again).
 #[test]
 fn every_kernel_returns_at_once_on_a_refused_call() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
@@ -290,9 +297,16 @@ fn every_kernel_returns_at_once_on_a_refused_call() {
         let source = std::fs::read_to_string(&path).unwrap();
         let lines: Vec<&str> = source.lines().map(str::trim).collect();
         for (i, line) in lines.iter().enumerate() {
-            if line.starts_with("//") || !line.contains("= begin_call(a);") {
+            if line.starts_with("//") || !line.contains("begin_call(a)") {
                 continue;
             }
+            // The epoch is taken into a variable, never passed on (a barrier would run on 0).
+            assert!(
+                line.starts_with("const uint64_t epoch = ") && line.ends_with("begin_call(a);"),
+                "{}:{}: `{line}`: take the epoch with `const uint64_t epoch = begin_call(a);`",
+                path.display(),
+                i + 1
+            );
             let next = lines[i + 1..]
                 .iter()
                 .find(|l| !l.is_empty() && !l.starts_with("//"));
@@ -307,8 +321,8 @@ fn every_kernel_returns_at_once_on_a_refused_call() {
         }
     }
     // one-shot, two-shot, in-place, low-latency, reduce-scatter (both), all-gather (both),
-    // pool two-shot and the three fused kernels.
-    assert!(sites >= 12, "only {sites} kernels call begin_call");
+    // pool two-shot, the three fused kernels and the sync floor.
+    assert!(sites >= 13, "only {sites} kernels call begin_call");
 }
 
 /// A low-latency reader issues every peer's poll load before it looks at any of them: in
@@ -321,10 +335,8 @@ fn low_latency_polls_load_every_peer_before_checking_any() {
         return;
     }
     const POLL: &str = "ld.relaxed.sys.global.v2.u64";
-    let ptx = symm_allreduce::embedded_ptx();
     let mut checked = 0;
-    for entry in ptx.split(".entry ").skip(1) {
-        let name = entry.split('(').next().unwrap_or_default().trim();
+    for (name, entry) in entries() {
         let readers = [
             "symm_one_shot_ll_",
             "symm_reduce_scatter_ll_",

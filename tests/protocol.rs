@@ -570,8 +570,20 @@ fn expect_divergence(ctx: &Arc<CudaContext>, what: &str, calls: &[Calls]) {
             };
         }
     }
-    for r in 0..world {
-        match comms[r].synchronize(&streams[r]) {
+    assert_diverged_everywhere(what, &comms, &streams, started, timeout);
+}
+
+/// Every rank of the group reports `Error::Diverged` (itself or as the cause of `Poisoned`),
+/// within `timeout` of `started`.
+fn assert_diverged_everywhere(
+    what: &str,
+    comms: &[Communicator],
+    streams: &[Arc<CudaStream>],
+    started: Instant,
+    timeout: Duration,
+) {
+    for (r, (c, s)) in comms.iter().zip(streams).enumerate() {
+        match c.synchronize(s) {
             Err(Error::Diverged { .. }) => {}
             Err(Error::Poisoned { cause }) if matches!(*cause, Error::Diverged { .. }) => {}
             other => panic!("{what}: rank {r}: expected Diverged, got {other:?}"),
@@ -649,24 +661,12 @@ fn diverged_fused_and_gather_calls_are_reported_on_every_rank(ctx: Arc<CudaConte
         check_divergence: true,
         ..Config::default()
     };
-    let expect = |what: &str, comms: &[Communicator], streams: &[Arc<CudaStream>], started: Instant| {
-        for (r, (c, s)) in comms.iter().zip(streams).enumerate() {
-            match c.synchronize(s) {
-                Err(Error::Diverged { .. }) => {}
-                Err(Error::Poisoned { cause }) if matches!(*cause, Error::Diverged { .. }) => {}
-                other => panic!("{what}: rank {r}: expected Diverged, got {other:?}"),
-            }
-        }
-        let took = started.elapsed();
-        assert!(took < timeout, "{what}: reported after {took:?}");
-        eprintln!("{what}: {}", comms[0].check_usable().unwrap_err());
-    };
     // (tokens, hidden) per rank: 8192 elements each.
     let shapes = [(2usize, 4096usize), (1, 8192)];
     for algo in [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::LowLatency] {
         let (comms, streams) = common::group(&ctx, 2, config.clone());
         let mut rng = rng(algo as u64);
-        let bufs: Vec<_> = shapes
+        let mut bufs: Vec<_> = shapes
             .iter()
             .zip(&streams)
             .map(|(&(t, h), s)| {
@@ -677,7 +677,6 @@ fn diverged_fused_and_gather_calls_are_reported_on_every_rank(ctx: Arc<CudaConte
                 (input, residual, weight, out)
             })
             .collect();
-        let mut bufs = bufs;
         for s in &streams {
             s.synchronize().unwrap();
         }
@@ -693,12 +692,8 @@ fn diverged_fused_and_gather_calls_are_reported_on_every_rank(ctx: Arc<CudaConte
                 algo,
             );
         }
-        expect(
-            &format!("fused {algo:?}, 2x4096 vs 1x8192"),
-            &comms,
-            &streams,
-            started,
-        );
+        let what = format!("fused {algo:?}, 2x4096 vs 1x8192");
+        assert_diverged_everywhere(&what, &comms, &streams, started, timeout);
     }
 
     let (comms, streams) = common::group(&ctx, 2, config);
@@ -715,12 +710,8 @@ fn diverged_fused_and_gather_calls_are_reported_on_every_rank(ctx: Arc<CudaConte
     for r in 0..2 {
         let _ = comms[r].all_gather_v(&inputs[r], &counts[r], &mut outputs[r], &streams[r]);
     }
-    expect(
-        "all_gather_v, counts [16, 32] vs [32, 16]",
-        &comms,
-        &streams,
-        started,
-    );
+    let what = "all_gather_v, counts [16, 32] vs [32, 16]";
+    assert_diverged_everywhere(what, &comms, &streams, started, timeout);
     for (r, (o, s)) in outputs.iter().zip(&streams).enumerate() {
         let got = s.clone_dtoh(o).unwrap();
         assert!(

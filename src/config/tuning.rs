@@ -49,6 +49,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::fnv1a;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::abi::MAX_RANKS;
@@ -539,14 +540,6 @@ fn in_memory(problem: TuningProblem) -> Error {
     }
 }
 
-/// FNV-1a, 64 bits: a stable digest (the same on every machine and Rust version) to compare
-/// tables across ranks. It detects disagreement, not tampering.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
-
 impl TuningTable {
     /// A table from measurements: checks every entry (world in 1..=8, thresholds that do not
     /// decrease, one entry per (dtype, world)); the entries are kept sorted by (dtype, world).
@@ -612,7 +605,7 @@ impl TuningTable {
             max_low_latency,
         };
         // 0 stands for "no table" in the setup fingerprint.
-        table.digest = fnv1a(table.to_json().as_bytes()).max(1);
+        table.digest = fnv1a(table.to_json().bytes()).max(1);
         Ok(table)
     }
 

@@ -64,10 +64,7 @@ const GATHER_TOTAL_BITS: u32 = 48;
 pub(crate) fn gather_check_len(counts: &[u64]) -> u64 {
     let total = counts.iter().sum::<u64>() & ((1 << GATHER_TOTAL_BITS) - 1);
     // FNV-1a over the counts' bytes, folded to 16 bits.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in counts.iter().flat_map(|c| c.to_le_bytes()) {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-    }
+    let h = crate::config::fnv1a(counts.iter().flat_map(|c| c.to_le_bytes()));
     let digest = (h ^ h >> 16 ^ h >> 32 ^ h >> 48) & 0xffff;
     digest << GATHER_TOTAL_BITS | total
 }
@@ -79,14 +76,12 @@ pub(crate) fn describe_call(shape: u64, len: u64) -> String {
     if shape == 0 {
         return format!("call number {len} (another count of calls)");
     }
-    let spec = match (shape >> 8) & 0xff {
-        0xff => None,
-        k => (k as usize).checked_sub(1).and_then(|i| KERNELS.get(i)),
-    };
-    let name = match ((shape >> 8) & 0xff, spec) {
-        (0xff, _) => "sync_floor",
-        (_, Some(s)) => s.prefix,
-        (_, None) => "an unknown kernel",
+    let kernel = ((shape >> 8) & 0xff) as usize;
+    let spec = kernel.checked_sub(1).and_then(|i| KERNELS.get(i));
+    let name = match spec {
+        _ if kernel == 0xff => "sync_floor",
+        Some(s) => s.prefix,
+        None => "an unknown kernel",
     };
     let dtype = (((shape >> 16) & 0xff) as usize)
         .checked_sub(1)
