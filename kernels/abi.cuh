@@ -88,12 +88,16 @@ static_assert(offsetof(CheckSlot, shape) == 0 && offsetof(CheckSlot, epoch) == 1
 static_assert(sizeof(CheckSlot) == 32, "CheckSlot is 32 bytes");
 
 // Call bookkeeping in device memory, advanced by the kernels themselves: no host state per
-// call, so a captured graph replays correctly any number of times. Zeroed at setup.
-struct CallState {
-    uint64_t calls;    // completed calls; the running call's epoch is calls + 1 (64-bit: never wraps)
-    uint32_t arrived;  // blocks of the running call that have read the epoch
-    uint32_t poison;   // 0, or the error code of the timeout that stopped the group (pushed by any rank)
+// call, so a captured graph replays correctly any number of times. One entry per block index
+// (MAX_BLOCKS of them at state_offset), so that a block reads and advances only its own and no
+// grid-wide counter is needed: block b of a grid of G blocks publishes the completed call into
+// entries b, b + G, b + 2G, ... (every entry, whatever G), and the next kernel reads them only
+// after this one has completed. Zeroed at setup.
+struct BlockState {
+    uint64_t calls;   // completed calls; the running call's epoch is calls + 1 (64-bit: never wraps)
+    uint32_t poison;  // 0, or the error code of the timeout that stopped the group (pushed by any rank)
+    uint32_t unused;
 };
-static_assert(sizeof(CallState) == 16, "CallState is read with one 16-byte load");
+static_assert(sizeof(BlockState) == 16, "BlockState is read with one 16-byte load");
 
 }  // namespace symm

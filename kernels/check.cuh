@@ -27,7 +27,7 @@ __device__ __forceinline__ void report_divergence(const SymmArgs& a, uint32_t pe
     __threadfence_system();
     const uint32_t code = ERROR_DIVERGED | (PHASE_CHECK << 8) | (peer << 16) | (a.rank << 24);
     note_error(a, code);
-    for (uint32_t q = 0; q < a.world; ++q) st_relaxed_sys_u32(&call_state_of(a, q)->poison, code);
+    poison_all(a, code);
 }
 
 // True (in every thread of the block) when every peer runs the same call as this rank.

@@ -25,11 +25,19 @@ struct Elem<float> {
     __device__ static float from_float(float x) { return x; }
 };
 
+// The 16-bit types also widen a 32-bit word (two elements, the first in the low half) at once:
+// one instruction per element for bf16 (a shift or a mask), one conversion of the pair for f16.
+// The values are exactly `to_float` of each element.
 template <>
 struct Elem<__half> {
     static constexpr uint32_t PER_PACK = 8;
     __device__ static float to_float(__half x) { return __half2float(x); }
     __device__ static __half from_float(float x) { return __float2half_rn(x); }
+    __device__ static float2 widen(uint32_t w) {
+        __half2 h;
+        memcpy(&h, &w, 4);
+        return __half22float2(h);
+    }
 };
 
 template <>
@@ -37,6 +45,9 @@ struct Elem<__nv_bfloat16> {
     static constexpr uint32_t PER_PACK = 8;
     __device__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
     __device__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+    __device__ static float2 widen(uint32_t w) {
+        return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+    }
 };
 
 // The low-latency protocol's "not yet arrived" sentinel is an all-ones word. An element whose
@@ -63,20 +74,33 @@ union Pack {
     T elems[Elem<T>::PER_PACK];
 };
 
+// The elements of a pack in fp32 (`to_float` of each, in order).
+template <typename T>
+__device__ __forceinline__ void widen_pack(uint4 bits, float (&x)[Elem<T>::PER_PACK]) {
+    const uint32_t w[4] = {bits.x, bits.y, bits.z, bits.w};
+#pragma unroll
+    for (uint32_t i = 0; i < 4; ++i) {
+        if constexpr (Elem<T>::PER_PACK == 4) {
+            x[i] = __uint_as_float(w[i]);
+        } else {
+            const float2 v = Elem<T>::widen(w[i]);
+            x[2 * i] = v.x;
+            x[2 * i + 1] = v.y;
+        }
+    }
+}
+
 template <typename T>
 __device__ __forceinline__ void pack_to_float(uint4 bits, float (&acc)[Elem<T>::PER_PACK]) {
-    Pack<T> p;
-    p.bits = bits;
-#pragma unroll
-    for (uint32_t i = 0; i < Elem<T>::PER_PACK; ++i) acc[i] = Elem<T>::to_float(p.elems[i]);
+    widen_pack<T>(bits, acc);
 }
 
 template <typename T>
 __device__ __forceinline__ void add_pack(uint4 bits, float (&acc)[Elem<T>::PER_PACK]) {
-    Pack<T> p;
-    p.bits = bits;
+    float x[Elem<T>::PER_PACK];
+    widen_pack<T>(bits, x);
 #pragma unroll
-    for (uint32_t i = 0; i < Elem<T>::PER_PACK; ++i) acc[i] += Elem<T>::to_float(p.elems[i]);
+    for (uint32_t i = 0; i < Elem<T>::PER_PACK; ++i) acc[i] += x[i];
 }
 
 template <typename T>

@@ -19,6 +19,11 @@ __device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
     asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+// A flag that publishes nothing (the sync floor's exchange): no fence before it.
+__device__ __forceinline__ void st_relaxed_sys(uint64_t* p, uint64_t v) {
+    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
 // Polled with acquire loads: the load that sees the peer's release store synchronises with
 // it, so the peer's writes before its signal are visible to this thread. Measured on the H200
 // (8 virtual ranks, chain of 10 in a graph): relaxed polls followed by one `fence.acq_rel.sys`
@@ -49,7 +54,7 @@ __device__ __forceinline__ uint32_t ld_relaxed_sys_u32(const uint32_t* p) {
     return v;
 }
 
-// The call state {calls, arrived | poison << 32} in one 16-byte load.
+// A block's call state {calls, poison} in one 16-byte load.
 __device__ __forceinline__ ulonglong2 ld_state_sys(const void* p) {
     ulonglong2 v;
     asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(v.x), "=l"(v.y) : "l"(p) : "memory");
@@ -68,13 +73,6 @@ __device__ __forceinline__ ulonglong2 ld_line_sys(const ulonglong2* p) {
     ulonglong2 v;
     asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(v.x), "=l"(v.y) : "l"(p) : "memory");
     return v;
-}
-
-// Local (same grid) counter: device scope is enough, nothing crosses GPUs.
-__device__ __forceinline__ uint32_t atom_add_acq_rel_gpu(uint32_t* p, uint32_t v) {
-    uint32_t old;
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-    return old;
 }
 
 // Peer data is read at L2 (.cg): never from an L1 line filled before the peer wrote it.

@@ -204,7 +204,7 @@ struct MultimemColl {
         return barrier_impl(phase, epoch, false);
     }
 
-    // The same, counting the block's arrival for the call (thread 32, off the critical path).
+    // The same, publishing the call as completed (threads 32 and up, off the critical path).
     __device__ __forceinline__ bool barrier_arrive(uint32_t phase, uint64_t epoch) const {
         SYMM_POLICY_MARK("barrier_arrive");
         return barrier_impl(phase, epoch, true);
@@ -232,8 +232,8 @@ struct MultimemColl {
                     break;
                 }
             }
-        } else if (arrives && threadIdx.x == 32) {
-            arrive(a, epoch);
+        } else if (arrives && threadIdx.x >= 32) {
+            publish(a, epoch, 32);
         }
         const bool ok = __syncthreads_or(failed) == 0;
         // The peers' writes (multicast or unicast) before this thread's accesses through

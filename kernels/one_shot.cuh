@@ -10,8 +10,8 @@
 namespace symm {
 
 // Copy in (into this rank's data buffer of the call's parity), start barrier, every rank
-// reduces every pack and the scalar tail into its output. The block's arrival (the grid-wide
-// call count) rides in the start barrier, so the kernel ends with its last store; the data
+// reduces every pack and the scalar tail into its output. The block publishes the call
+// (`publish`) inside the start barrier, so the kernel ends with its last store; the data
 // buffer is rewritten two calls later, after every peer has entered the call in between,
 // which it does only after this call's kernel completed there (signals.cuh).
 template <typename Coll, typename T>

@@ -1,6 +1,7 @@
-// The signal protocol (v2): per-call 64-bit epochs kept in device memory, per-block barriers
-// over the signal pads, every wait bounded by %globaltimer, and a poison word that stops the
-// whole group once any rank's wait timed out. docs/design.md states the invariants.
+// The signal protocol (v2.1): per-call 64-bit epochs kept in device memory, one call state
+// entry per block index (no grid-wide counter), per-block barriers over the signal pads, every
+// wait bounded by %globaltimer, and a poison word that stops the whole group once any rank's
+// wait timed out. docs/design.md states the invariants.
 //
 // Why it is safe to reuse buffers with only these barriers:
 //  * Each call writes the data buffer of parity (epoch & 1). A rank rewrites a buffer two
@@ -33,14 +34,14 @@ __device__ __forceinline__ uint64_t* signal_slot(const SymmArgs& a, uint32_t own
 // group is poisoned or the divergence check failed: then the kernel returns at once, without
 // touching its output or the workspace (epoch 0 would mean parity 0, which may be the buffer a
 // slow peer still reads for the previous call; tests/kernel_code.rs checks every kernel, and
-// nothing after `begin_call` checks the epoch again). Every thread reads
-// the call state itself (no block-wide broadcast); `pdl_wait` first, so the previous kernel
-// on the stream has completed; with the divergence check on, every peer's call is compared
-// first. Call it before touching any input, output or workspace.
+// nothing after `begin_call` checks the epoch again). Every thread reads its block's entry of
+// the call state itself (no block-wide broadcast, no grid-wide state); `pdl_wait` first, so
+// the previous kernel on the stream has completed; with the divergence check on, every peer's
+// call is compared first. Call it before touching any input, output or workspace.
 __device__ __forceinline__ uint64_t begin_call(const SymmArgs& a) {
     pdl_wait();
-    const ulonglong2 s = ld_state_sys(call_state(a));
-    const uint32_t poison = static_cast<uint32_t>(s.y >> 32);
+    const ulonglong2 s = ld_state_sys(block_state(a));
+    const uint32_t poison = static_cast<uint32_t>(s.y);
     if (poison != 0) {
         if (blockIdx.x == 0 && threadIdx.x == 0) note_error(a, poison);
         return 0;
@@ -49,25 +50,25 @@ __device__ __forceinline__ uint64_t begin_call(const SymmArgs& a) {
     return s.x + 1;
 }
 
-// This block has read the epoch (the caller synchronised the block since): count it, and
-// the last block of the grid publishes the epoch as completed for the next launch. A lone
-// block is last by definition and skips the atomic. Nothing waits for the result, so a
-// kernel calls it off its critical path (in its first barrier) or at its end.
-__device__ __forceinline__ void arrive(const SymmArgs& a, uint64_t epoch) {
-    CallState* s = call_state(a);
-    if (gridDim.x == 1) {
-        *reinterpret_cast<volatile uint64_t*>(&s->calls) = epoch;
-    } else if (atom_add_acq_rel_gpu(&s->arrived, 1) == gridDim.x - 1) {
-        *reinterpret_cast<volatile uint32_t*>(&s->arrived) = 0;
-        *reinterpret_cast<volatile uint64_t*>(&s->calls) = epoch;
+// Publishes `epoch` as completed for the next launch, once every thread of this block has
+// read it (the caller synchronised the block since): block b of G writes entries b, b + G,
+// b + 2G, ... of the call state, so every entry holds the epoch after the grid, whatever G,
+// and no block reads another's entry. Threads `first ..` of the block share the stores (one
+// each for any G when 64 threads take part; the block needs more than `first` threads).
+// Plain stores, nothing waits for them: the next kernel reads the entries only after this
+// one has completed (stream order; `pdl_wait`).
+__device__ __forceinline__ void publish(const SymmArgs& a, uint64_t epoch, uint32_t first) {
+    const uint32_t step = (blockDim.x - first) * gridDim.x;
+    for (uint32_t j = blockIdx.x + (threadIdx.x - first) * gridDim.x; j < MAX_BLOCKS; j += step) {
+        *reinterpret_cast<volatile uint64_t*>(&block_state_of(a, a.rank, j)->calls) = epoch;
     }
 }
 
-// The end of a kernel that has not arrived in a barrier (`block_barrier_arrive`); `epoch` is
-// the accepted call's (never 0).
+// The end of a kernel that has not published in a barrier (`block_barrier_arrive`); `epoch`
+// is the accepted call's (never 0).
 __device__ __forceinline__ void end_call(const SymmArgs& a, uint64_t epoch) {
     __syncthreads();
-    if (threadIdx.x == 0) arrive(a, epoch);
+    publish(a, epoch, 0);
 }
 
 // Barrier between block blockIdx.x of every rank. Thread t < world signals rank t and waits
@@ -75,15 +76,22 @@ __device__ __forceinline__ void end_call(const SymmArgs& a, uint64_t epoch) {
 // it; the acquire polls and the __syncthreads after them extend the peers'
 // writes to the whole block. Returns false (in every thread of the block) if a wait timed out
 // or the group is poisoned. `epoch` is never 0: a kernel returns as soon as `begin_call` refuses
-// its call. With `arrives`, thread 32 (a warp that does not signal) also counts the block's
-// arrival, off the critical path.
+// its call. With `arrives`, the warps that do not signal (threads 32 and up) also publish the
+// call as completed (`publish`), off the critical path.
+// `releases` = false only for the sync floor, which publishes no data: its flags are relaxed
+// stores (a release store is a `MEMBAR.ALL.SYS` first).
 __device__ __forceinline__ bool block_barrier_impl(const SymmArgs& a, uint32_t phase, uint64_t epoch,
-                                                   bool arrives) {
+                                                   bool arrives, bool releases = true) {
     __syncthreads();
     int failed = 0;
     const uint32_t t = threadIdx.x;
     if (t < a.world) {
-        st_release_sys(signal_slot(a, t, phase, blockIdx.x, a.rank), epoch);
+        uint64_t* theirs = signal_slot(a, t, phase, blockIdx.x, a.rank);
+        if (releases) {
+            st_release_sys(theirs, epoch);
+        } else {
+            st_relaxed_sys(theirs, epoch);
+        }
         const uint64_t* mine = signal_slot(a, a.rank, phase, blockIdx.x, t);
         Deadline d;
         while (ld_acquire_sys(mine) < epoch) {
@@ -92,8 +100,8 @@ __device__ __forceinline__ bool block_barrier_impl(const SymmArgs& a, uint32_t p
                 break;
             }
         }
-    } else if (arrives && t == 32) {
-        arrive(a, epoch);
+    } else if (arrives && t >= 32) {
+        publish(a, epoch, 32);
     }
     return __syncthreads_or(failed) == 0;
 }
@@ -105,6 +113,11 @@ __device__ __forceinline__ bool block_barrier(const SymmArgs& a, uint32_t phase,
 // The first barrier of a kernel that then ends without `end_call`.
 __device__ __forceinline__ bool block_barrier_arrive(const SymmArgs& a, uint32_t phase, uint64_t epoch) {
     return block_barrier_impl(a, phase, epoch, true);
+}
+
+// The sync floor's exchange: `block_barrier_arrive` with relaxed flag stores.
+__device__ __forceinline__ bool flag_exchange(const SymmArgs& a, uint64_t epoch) {
+    return block_barrier_impl(a, PHASE_START, epoch, true, false);
 }
 
 // The one index pattern every phase of a kernel walks: block-cyclic over 16-byte packs.

@@ -46,15 +46,17 @@ extern "C" __global__ void __launch_bounds__(symm::THREADS) symm_empty(const voi
     symm::pdl_wait();
 }
 
-// The benchmark's sync floor: the same grid doing nothing but the protocol — the epoch read,
-// one all-to-all flag exchange per block (each rank stores its epoch to every peer and waits
-// for every peer's) and the call count. No kernel that synchronises ranks this way can be
-// faster; an all-reduce's own cost is what it spends above this.
-// Like the one-shot, it lets the next kernel launch once its barrier has passed.
+// The benchmark's sync floor: the same grid doing nothing but the protocol's minimum — the
+// epoch read, one all-to-all flag exchange per block (each rank stores its epoch to every peer
+// and waits for every peer's) and the call's publication. It publishes no data, so its flags
+// are relaxed stores: no kernel that synchronises ranks this way can be faster, and an
+// all-reduce's own cost (its data, and the release that orders the data before a barrier's
+// flag) is what it spends above this. Like the one-shot, it lets the next kernel launch once
+// its exchange has passed.
 extern "C" __global__ void __launch_bounds__(symm::THREADS) symm_sync_floor(const void*, void*, uint64_t, SymmArgs a) {
     const uint64_t epoch = symm::begin_call(a);
     if (epoch == 0) return;
-    if (symm::block_barrier_arrive(a, symm::PHASE_START, epoch)) symm::pdl_launch_dependents();
+    if (symm::flag_exchange(a, epoch)) symm::pdl_launch_dependents();
 }
 
 // Test and benchmark helper: one thread spins for `ns` nanoseconds (a rank that is late).

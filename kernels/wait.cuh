@@ -17,19 +17,27 @@ __device__ __forceinline__ void note_error(const SymmArgs& a, uint32_t code) {
     __threadfence_system();
 }
 
+// Writes `code` into the poison word of every block entry of every rank's call state (the
+// rare path: W * MAX_BLOCKS stores by one thread).
+__device__ __forceinline__ void poison_all(const SymmArgs& a, uint32_t code) {
+    for (uint32_t i = 0; i < a.world * MAX_BLOCKS; ++i) {
+        st_relaxed_sys_u32(&block_state_of(a, i / MAX_BLOCKS, i % MAX_BLOCKS)->poison, code);
+    }
+}
+
 // A wait of this rank timed out: tell the host, and poison this rank and every peer so that
 // every later call (eager or a graph replay) on every rank returns at once instead of
 // waiting out its own timeout.
 __device__ __forceinline__ void report_timeout(const SymmArgs& a, uint32_t phase, uint32_t peer) {
     const uint32_t code = ERROR_PEER_TIMEOUT | (phase << 8) | (peer << 16) | (a.rank << 24);
     note_error(a, code);
-    for (uint32_t q = 0; q < a.world; ++q) st_relaxed_sys_u32(&call_state_of(a, q)->poison, code);
+    poison_all(a, code);
 }
 
 // Another rank's poison seen while waiting: copy its code for the host (once per block is
 // plenty) and give up.
 __device__ __forceinline__ bool poisoned(const SymmArgs& a) {
-    const uint32_t code = ld_relaxed_sys_u32(&call_state(a)->poison);
+    const uint32_t code = ld_relaxed_sys_u32(&block_state(a)->poison);
     if (code != 0) note_error(a, code);
     return code != 0;
 }

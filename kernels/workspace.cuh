@@ -25,11 +25,15 @@ __device__ __forceinline__ ulonglong2* ll_line(const SymmArgs& a, uint32_t owner
     return reinterpret_cast<ulonglong2*>(slot) + line;
 }
 
-// Rank `owner`'s call state (peers only ever write its poison word).
-__device__ __forceinline__ CallState* call_state_of(const SymmArgs& a, uint32_t owner) {
-    return reinterpret_cast<CallState*>(rank_alloc(a, owner) + a.state_offset);
+// Rank `owner`'s call state entry for block index `block` (peers only ever write its poison
+// word).
+__device__ __forceinline__ BlockState* block_state_of(const SymmArgs& a, uint32_t owner, uint32_t block) {
+    return reinterpret_cast<BlockState*>(rank_alloc(a, owner) + a.state_offset) + block;
 }
 
-__device__ __forceinline__ CallState* call_state(const SymmArgs& a) { return call_state_of(a, a.rank); }
+// This block's entry of this rank's call state.
+__device__ __forceinline__ BlockState* block_state(const SymmArgs& a) {
+    return block_state_of(a, a.rank, blockIdx.x);
+}
 
 }  // namespace symm

@@ -76,14 +76,49 @@ fn cross_rank_flags_use_system_scope_release_acquire() {
     assert!(ops
         .iter()
         .any(|o| o.starts_with("griddepcontrol.launch_dependents")));
-    // Nothing may use a narrower scope, except the grid-local finished-block counter.
+    // Nothing may use a narrower scope.
     for op in &ops {
         let narrow = op.contains(".gpu.") || op.contains(".cta.");
-        let is_local_counter = op.starts_with("atom.") && op.contains(".acq_rel.gpu.");
-        assert!(
-            !narrow || is_local_counter,
-            "narrow-scope memory op in the kernels: {op}"
-        );
+        assert!(!narrow, "narrow-scope memory op in the kernels: {op}");
+    }
+}
+
+/// Each block reads and publishes only its own entry of the call state: no kernel counts its
+/// blocks with a global atomic (a round trip, and before protocol v2.1 a `MEMBAR.ALL.GPU`,
+/// at the end of every low-latency block). The sync floor's exchange publishes no data, so
+/// its flags are relaxed stores; every barrier kernel releases its flags.
+#[test]
+fn no_grid_wide_counter_and_the_sync_floor_releases_nothing() {
+    if !kernels_or_skip("no_grid_wide_counter_and_the_sync_floor_releases_nothing") {
+        return;
+    }
+    let ops = instructions();
+    assert!(
+        !ops.iter()
+            .any(|o| o.starts_with("atom.global") || o.starts_with("red.global")),
+        "a global atomic in the kernels (the call state is per block)"
+    );
+    let releases = |kernel: &str| {
+        let (_, text) = entries().find(|(n, _)| *n == kernel).expect("kernel in the PTX");
+        text.matches("st.release.sys").count()
+    };
+    // The one-shot: the divergence check's announcement and its barrier's flag; the floor:
+    // the announcement only.
+    assert_eq!(
+        releases("symm_sync_floor") + 1,
+        releases("symm_one_shot_bf16"),
+        "the sync floor's flags are release stores"
+    );
+    let (_, floor) = entries().find(|(n, _)| *n == "symm_sync_floor").unwrap();
+    assert!(floor.contains("st.relaxed.sys.global.u64") && floor.contains("ld.acquire.sys.global.u64"));
+    for (name, _) in entries().filter(|(n, _)| {
+        ["symm_one_shot_", "symm_two_shot_", "symm_in_place_"]
+            .iter()
+            .any(|p| n.starts_with(p))
+            && !n.contains("_ll_")
+            && !n.contains("_mm_")
+    }) {
+        assert!(releases(name) >= 2, "{name}: a barrier without a release store");
     }
 }
 

@@ -137,6 +137,17 @@ fn counter_near_2_pow_31_and_2_pow_32_with_a_late_rank(ctx: Arc<CudaContext>) {
             for (k, (len, how, name)) in calls.into_iter().enumerate() {
                 checked_call::<f32>(&comms, &streams, len, how, Some(1), 100 + k as u64, &what(name));
             }
+            // Grids of one block and of many ran; every block's entry of the call state (each block
+            // reads and publishes its own) counts all eight calls.
+            for (r, c) in comms.iter().enumerate() {
+                let counts = c.__call_counts().unwrap();
+                assert_eq!(counts.len(), 64);
+                assert!(
+                    counts.iter().all(|&n| n == start + 8),
+                    "{}: rank {r}: call counts {counts:?}",
+                    what("after the calls")
+                );
+            }
         }
     }
 }

@@ -10,7 +10,10 @@ use crate::config::Config;
 use crate::driver::host::ErrorWord;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::kernels::abi::{check_shape, fused_check_len, gather_check_len, SymmArgs, THREADS_PER_BLOCK};
+use crate::kernels::abi::{
+    check_shape, fused_check_len, gather_check_len, SymmArgs, BLOCK_STATE_BYTES, MAX_BLOCKS,
+    THREADS_PER_BLOCK,
+};
 use crate::kernels::coll::{self, GatherCounts};
 use crate::kernels::launch;
 use crate::kernels::norm_abi::NormArgs;
@@ -333,11 +336,19 @@ impl PeerBackend {
         }
     }
 
-    /// Sets this rank's completed-call counter (tests: the protocol near 2^31 and 2^32).
+    /// Sets this rank's completed-call counter, in every block's entry of its call state
+    /// (tests: the protocol near 2^31 and 2^32).
     pub(crate) fn set_call_counter(&self, calls: u64, stream: &CudaStream) -> Result<()> {
+        let (state, _) = self.call_state_region();
+        // SAFETY: the first 8 bytes of each of the MAX_BLOCKS 16-byte entries of this rank's
+        // call state, mapped on its device.
+        unsafe { launch::write_u64_strided(state, (BLOCK_STATE_BYTES, MAX_BLOCKS), calls, stream) }
+    }
+
+    /// The device range of this rank's call state: (address, bytes).
+    pub(crate) fn call_state_region(&self) -> (u64, usize) {
         let state = self.workspace.base() + self.args.rank as u64 * self.args.stride + self.args.state_offset;
-        // SAFETY: the first 8 bytes of this rank's call state, mapped on its device.
-        unsafe { launch::write_u64(state, calls, stream) }
+        (state, MAX_BLOCKS * BLOCK_STATE_BYTES)
     }
 
     /// The device range of this rank's low-latency slots: (address, bytes).

@@ -10,6 +10,7 @@ use crate::config::Algorithm;
 use crate::driver::nvtx;
 use crate::dtype::{DType, Element};
 use crate::error::{CudaResultExt, Error, Result};
+use crate::kernels::abi::BLOCK_STATE_BYTES;
 use crate::kernels::launch;
 use crate::plan::route::{CallKind, Route, Target};
 use crate::plan::validate::{validate_call, validate_lengths, validate_placement, CallShape};
@@ -298,6 +299,21 @@ impl Communicator {
         self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
         self.order_after_previous_call(stream)?;
         peer.set_call_counter(calls, stream)
+    }
+
+    /// Test hook: the completed-call count in each block's entry of this rank's call state
+    /// (synchronises the context; call between calls). Every entry holds the same count
+    /// after any sequence of calls, whatever their grids.
+    #[doc(hidden)]
+    pub fn __call_counts(&self) -> Result<Vec<u64>> {
+        let (ptr, bytes) = self.peer()?.call_state_region();
+        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        self.ctx.synchronize().during("cuCtxSynchronize")?;
+        let state = crate::driver::vmm::read(ptr, bytes)?;
+        Ok(state
+            .chunks_exact(BLOCK_STATE_BYTES)
+            .map(|entry| u64::from_le_bytes(entry[..8].try_into().expect("8-byte count")))
+            .collect())
     }
 
     /// Test hook: whether every byte of this rank's low-latency slots holds the "not yet

@@ -21,6 +21,9 @@ pub(crate) const SLOTS_PER_ROW: usize = 16;
 pub(crate) const SIGNAL_PHASES: usize = 3;
 /// Rotating low-latency buffers.
 pub(crate) const LL_BUFFERS: usize = 3;
+/// Bytes of one block's entry of the call state (`BlockState`: completed calls, poison word);
+/// the call state holds MAX_BLOCKS of them.
+pub(crate) const BLOCK_STATE_BYTES: usize = 16;
 
 /// Error word: `kind | phase << 8 | peer << 16 | origin << 24`; kind 1 is a peer timeout,
 /// `origin` the rank whose wait timed out (the kernels push a timeout to every rank).
@@ -337,7 +340,7 @@ mod tests {
         assert_eq!(get("SIGNAL_PHASES"), SIGNAL_PHASES as u64);
         assert_eq!(get("LL_BUFFERS"), LL_BUFFERS as u64);
         assert!(
-            header.contains("sizeof(CallState) == 16"),
+            header.contains(&format!("sizeof(BlockState) == {BLOCK_STATE_BYTES}")),
             "abi.cuh asserts the call state's size"
         );
         assert!(

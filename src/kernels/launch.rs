@@ -81,16 +81,25 @@ pub(crate) unsafe fn launch(
     .during("cuLaunchKernel")
 }
 
-/// Writes the 64-bit `value` at `dst` on `stream` (two 32-bit memsets: asynchronous,
-/// capturable, no host buffer). The context of `stream` must be current.
+/// Writes the 64-bit `value` at `count` places `pitch` bytes apart from `dst` on `stream` (two
+/// strided 32-bit memsets: asynchronous, capturable, no host buffer). The context of `stream`
+/// must be current.
 ///
 /// # Safety
-/// `dst` is 8 bytes of device memory of the stream's device, 4-byte aligned.
-pub(crate) unsafe fn write_u64(dst: u64, value: u64, stream: &CudaStream) -> Result<()> {
+/// `dst + k * pitch` is 8 bytes of device memory of the stream's device for every k < count,
+/// 4-byte aligned; `pitch` is a multiple of 4 and at least 8.
+pub(crate) unsafe fn write_u64_strided(
+    dst: u64,
+    (pitch, count): (usize, usize),
+    value: u64,
+    stream: &CudaStream,
+) -> Result<()> {
     for (offset, half) in [(0, value as u32), (4, (value >> 32) as u32)] {
-        // SAFETY: the caller guarantees the 8 bytes at `dst`.
-        let code = unsafe { sys::cuMemsetD32Async(dst + offset, half, 1, stream.cu_stream()) };
-        code.result().during("cuMemsetD32Async")?;
+        // SAFETY: the caller guarantees the 8 bytes at every `dst + k * pitch`; one 32-bit
+        // element per row of `count` rows.
+        let code =
+            unsafe { sys::cuMemsetD2D32Async(dst + offset, pitch, half, 1, count, stream.cu_stream()) };
+        code.result().during("cuMemsetD2D32Async")?;
     }
     Ok(())
 }

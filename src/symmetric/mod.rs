@@ -8,7 +8,7 @@
 //! ```text
 //! 0        signal pad: [phase 0..3][block 0..64][16 u64 slots], one 128-byte row per block;
 //!          peers write slot [phase][block][their rank] with 64-bit epochs
-//! 32 KiB   call state: completed-call counter (u64), arrived-block counter, poison word
+//! 32 KiB   call state: [block 0..64] × {completed calls (u64), poison word}, 16 bytes each
 //! 64 KiB   divergence check: [epoch parity 2][block][source rank] × 32-byte call announcements
 //! 128 KiB  data buffer, parity 0 (data_bytes): the kernels' copy of the caller's input
 //! ...      data buffer, parity 1 (data_bytes)
@@ -31,8 +31,8 @@ mod workspace;
 pub(crate) use workspace::{allocate, Workspace};
 
 use crate::kernels::abi::{
-    CHECK_BYTES, CHECK_OFFSET, LL_BUFFERS, MAX_BLOCKS, MAX_RANKS, POOL_TAG_BYTES, SIGNAL_PHASES,
-    SLOTS_PER_ROW,
+    BLOCK_STATE_BYTES, CHECK_BYTES, CHECK_OFFSET, LL_BUFFERS, MAX_BLOCKS, MAX_RANKS, POOL_TAG_BYTES,
+    SIGNAL_PHASES, SLOTS_PER_ROW,
 };
 
 pub(crate) const SIGNAL_OFFSET: usize = 0;
@@ -41,7 +41,7 @@ pub(crate) const STATE_OFFSET: usize = 32 << 10;
 pub(crate) const DATA_OFFSET: usize = 128 << 10;
 
 const _: () = assert!(SIGNAL_OFFSET + SIGNAL_PHASES * MAX_BLOCKS * SIGNAL_ROW_BYTES <= STATE_OFFSET);
-const _: () = assert!(STATE_OFFSET + 128 <= CHECK_OFFSET);
+const _: () = assert!(STATE_OFFSET + MAX_BLOCKS * BLOCK_STATE_BYTES <= CHECK_OFFSET);
 const _: () = assert!(CHECK_OFFSET + CHECK_BYTES <= DATA_OFFSET);
 const _: () = assert!(MAX_RANKS <= SLOTS_PER_ROW);
 
