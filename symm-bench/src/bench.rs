@@ -551,9 +551,10 @@ impl Bench {
     }
 
     /// The sync floor at one size (algo `sync_floor`): the one-shot grid doing nothing but
-    /// the protocol — one all-to-all flag exchange per block — beside the empty kernel of the
-    /// same grid. No kernel that synchronises ranks can be faster; an all-reduce's own cost
-    /// is what it spends above this.
+    /// the protocol's minimum — one all-to-all flag exchange per block, relaxed flag stores
+    /// (it publishes no data) — beside the empty kernel of the same grid. No kernel that
+    /// synchronises ranks can be faster; an all-reduce's own cost (its data, and a barrier
+    /// kernel's release fence) is what it spends above this.
     fn sync_floor_rows(
         &mut self,
         plan: &RunPlan,
