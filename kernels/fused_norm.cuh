@@ -161,7 +161,7 @@ __device__ __forceinline__ void fused_low_latency(const NormArgs& f, const SymmA
     for (uint64_t row = blockIdx.x; row < f.tokens; row += gridDim.x) {
         for (uint32_t k = threadIdx.x; k < packs; k += NORM_THREADS) {
             const uint64_t l = row * packs + k;
-            coll.broadcast_line(buffer, l, as_words(wire_pack<T>(src[l])));
+            coll.broadcast_line(buffer, l, as_words(wire_pack(src[l])));
         }
     }
     for (uint64_t row = blockIdx.x; row < f.tokens; row += gridDim.x) {

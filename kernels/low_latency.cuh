@@ -169,7 +169,7 @@ __device__ __forceinline__ void one_shot_ll(const T* in, T* out, uint64_t n, con
     const uint4 own_first = loop.first < lines ? load_line(in, n, loop.first, in_aligned) : make_uint4(0, 0, 0, 0);
     for (uint64_t l = loop.first; l < lines; l += loop.step) {
         coll.broadcast_line(buffer, l,
-                            as_words(wire_pack<T>(l == loop.first ? own_first : load_line(in, n, l, in_aligned))));
+                            as_words(wire_pack(l == loop.first ? own_first : load_line(in, n, l, in_aligned))));
     }
     for (uint64_t l = loop.first; l < lines; l += loop.step) {
         const uint4 own = l == loop.first ? own_first : load_line(in, n, l, in_aligned);
@@ -203,7 +203,7 @@ __device__ __forceinline__ void reduce_scatter_ll(const T* in, T* out, uint64_t 
 #pragma unroll
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
             if (q < a.world && q != a.rank) {
-                const ulonglong2 w = as_words(wire_pack<T>(load_line(in + q * n, n, l, slices_aligned)));
+                const ulonglong2 w = as_words(wire_pack(load_line(in + q * n, n, l, slices_aligned)));
                 st_line_sys(ll_line(a, q, buffer, a.rank, l), w);
             }
         }

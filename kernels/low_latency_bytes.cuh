@@ -2,8 +2,8 @@
 // all-reduce uses, for byte data.
 //
 // Why the lines carry a flag here: the all-reduce's lines carry 16 payload bytes and rely on
-// no 64-bit word of real data being all ones (`wire_pack` turns the one all-ones element, a
-// NaN, into another NaN, and the sum is a NaN either way). Bytes of fp8, fp4 or int8 may be
+// no 32-bit word of real data being all ones (`wire_pack` turns an all-ones word, NaNs, into
+// another NaN pattern, and the sum is a NaN either way). Bytes of fp8, fp4 or int8 may be
 // all ones legitimately and must arrive unchanged, so no payload pattern can be reserved.
 // Nor can a 16-byte line be {8 payload bytes, 8-byte flag}: a line is stored as two 64-bit
 // words, each single-copy atomic but not the pair, so a reader could see the flag word land

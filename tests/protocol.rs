@@ -406,6 +406,12 @@ fn sentinel_bit_patterns_give_the_same_bits_on_every_algorithm(ctx: Arc<CudaCont
                             *v = specials[g.random_range(0..specials.len())];
                         }
                     }
+                    // Whole all-ones 32-bit words for sure (two all-ones 16-bit elements
+                    // side by side: the sentinel itself), at both parities.
+                    for at in [0, 2, 101, 500, len - 2] {
+                        x[at] = specials[0];
+                        x[at + 1] = specials[0];
+                    }
                     x
                 })
                 .collect();
