@@ -312,7 +312,7 @@ impl Communicator {
         let state = crate::driver::vmm::read(ptr, bytes)?;
         Ok(state
             .chunks_exact(BLOCK_STATE_BYTES)
-            .map(|entry| u64::from_le_bytes(entry[..8].try_into().expect("8-byte count")))
+            .map(|entry| u64::from_le_bytes(std::array::from_fn(|i| entry[i])))
             .collect())
     }
 
