@@ -56,9 +56,8 @@ struct Elem<__nv_bfloat16> {
 // below it, or the first of the two 16-bit NaNs as the NaN one below it. No data word is then
 // all ones; ±0, every number, every other NaN and every other word keep their bits. The sum
 // is a NaN either way (fp32 addition returns the canonical NaN), so every algorithm still
-// gives the same bits; a rank's own contribution is never rewritten. (Until 2026-12-03 every
-// all-ones 16-bit element was rewritten: two tests per word instead of one, on the critical
-// path of the push; the bf16 low-latency chain was 0.18 µs slower at 32 KiB.)
+// gives the same bits; a rank's own contribution is never rewritten. One test per word: the
+// push's critical path feels every instruction (docs/design.md).
 __device__ __forceinline__ uint32_t wire_word(uint32_t w) {
     return w == 0xffffffffu ? 0xfffffffeu : w;
 }
@@ -75,7 +74,7 @@ union Pack {
 
 // The elements of a pack in fp32 (`to_float` of each, in order).
 template <typename T>
-__device__ __forceinline__ void widen_pack(uint4 bits, float (&x)[Elem<T>::PER_PACK]) {
+__device__ __forceinline__ void pack_to_float(uint4 bits, float (&x)[Elem<T>::PER_PACK]) {
     const uint32_t w[4] = {bits.x, bits.y, bits.z, bits.w};
 #pragma unroll
     for (uint32_t i = 0; i < 4; ++i) {
@@ -90,14 +89,9 @@ __device__ __forceinline__ void widen_pack(uint4 bits, float (&x)[Elem<T>::PER_P
 }
 
 template <typename T>
-__device__ __forceinline__ void pack_to_float(uint4 bits, float (&acc)[Elem<T>::PER_PACK]) {
-    widen_pack<T>(bits, acc);
-}
-
-template <typename T>
 __device__ __forceinline__ void add_pack(uint4 bits, float (&acc)[Elem<T>::PER_PACK]) {
     float x[Elem<T>::PER_PACK];
-    widen_pack<T>(bits, x);
+    pack_to_float<T>(bits, x);
 #pragma unroll
     for (uint32_t i = 0; i < Elem<T>::PER_PACK; ++i) acc[i] += x[i];
 }

@@ -98,10 +98,13 @@ fn no_grid_wide_counter_and_the_sync_floor_releases_nothing() {
             .any(|o| o.starts_with("atom.global") || o.starts_with("red.global")),
         "a global atomic in the kernels (the call state is per block)"
     );
-    let releases = |kernel: &str| {
-        let (_, text) = entries().find(|(n, _)| *n == kernel).expect("kernel in the PTX");
-        text.matches("st.release.sys").count()
+    let text = |kernel: &str| {
+        entries()
+            .find(|(n, _)| *n == kernel)
+            .map(|(_, t)| t)
+            .expect("kernel in the PTX")
     };
+    let releases = |kernel: &str| text(kernel).matches("st.release.sys").count();
     // The one-shot: the divergence check's announcement and its barrier's flag; the floor:
     // the announcement only.
     assert_eq!(
@@ -109,7 +112,7 @@ fn no_grid_wide_counter_and_the_sync_floor_releases_nothing() {
         releases("symm_one_shot_bf16"),
         "the sync floor's flags are release stores"
     );
-    let (_, floor) = entries().find(|(n, _)| *n == "symm_sync_floor").unwrap();
+    let floor = text("symm_sync_floor");
     assert!(floor.contains("st.relaxed.sys.global.u64") && floor.contains("ld.acquire.sys.global.u64"));
     for (name, _) in entries().filter(|(n, _)| {
         ["symm_one_shot_", "symm_two_shot_", "symm_in_place_"]
