@@ -26,6 +26,8 @@
 namespace symm {
 
 struct UnicastColl {
+    // The low-latency all-reduce moves one 32-bit word per thread (`ll_all_reduce_word`).
+    static constexpr bool WORDS = true;
     const SymmArgs& a;
     char* rank0;  // rank 0's copy of the buffer; rank q's is q * stride further
 
@@ -69,9 +71,10 @@ struct UnicastColl {
     // from its input).
     __device__ __forceinline__ void broadcast_line(uint32_t buffer, uint64_t line, ulonglong2 words) const {
         SYMM_POLICY_MARK("broadcast_line");
+        char* rank0_slot = reinterpret_cast<char*>(ll_line(a, 0, buffer, a.rank, line));
 #pragma unroll
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-            if (q < a.world && q != a.rank) st_line_sys(ll_line(a, q, buffer, a.rank, line), words);
+            if (q < a.world && q != a.rank) st_line_sys(reinterpret_cast<ulonglong2*>(rank0_slot + q * a.stride), words);
         }
     }
 

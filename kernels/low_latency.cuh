@@ -54,24 +54,27 @@ __device__ __forceinline__ bool line_arrived(ulonglong2 w) {
 // waits through it. Every pending peer's line is loaded before any is looked at, so a poll
 // costs one round trip, not one per peer (checking each load before issuing the next
 // serialised them), and the lines are loaded straight into `w`: no second copy of 8 lines in
-// registers.
+// registers. The peers' lines are one slot apart from source 0's: their addresses are worked
+// out once, not per poll (on the critical path every instruction counts, docs/design.md).
 template <typename Arrived>
 __device__ __forceinline__ bool ll_wait_peers(const SymmArgs& a, uint32_t buffer, uint64_t l, Arrived arrived,
                                               ulonglong2 (&w)[MAX_RANKS]) {
+    const ulonglong2* source0 = ll_line(a, a.rank, buffer, 0, l);
+    const uint64_t slot = a.ll_slot_bytes / sizeof(ulonglong2);
     uint32_t pending = ((1u << a.world) - 1) & ~(1u << a.rank);
     Deadline d;
-    while (pending != 0) {
+    while (true) {
 #pragma unroll
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-            if (pending & (1u << q)) w[q] = ld_line_sys(ll_line(a, a.rank, buffer, q, l));
+            if (pending & (1u << q)) w[q] = ld_line_sys(source0 + q * slot);
         }
 #pragma unroll
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
             if ((pending & (1u << q)) && arrived(w[q])) pending &= ~(1u << q);
         }
-        if (pending != 0 && !d.keep_waiting(a, PHASE_ARRIVAL, __ffs(pending) - 1)) return false;
+        if (pending == 0) return true;
+        if (!d.keep_waiting(a, PHASE_ARRIVAL, __ffs(pending) - 1)) return false;
     }
-    return true;
 }
 
 // Waits for line `l` of every peer (`ll_wait_peers`), sums in rank order 0..W-1 in fp32 (this
@@ -98,10 +101,11 @@ __device__ __forceinline__ bool ll_reduce_line(const SymmArgs& a, uint32_t buffe
         }
     }
     sum = float_to_pack<T>(acc);
+    ulonglong2* source0 = ll_line(a, a.rank, buffer, 0, l);
+    const uint64_t slot = a.ll_slot_bytes / sizeof(ulonglong2);
 #pragma unroll
     for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-        if (q < a.world && q != a.rank)
-            st_line_sys(ll_line(a, a.rank, buffer, q, l), make_ulonglong2(LL_NOT_ARRIVED, LL_NOT_ARRIVED));
+        if (q < a.world && q != a.rank) st_line_sys(source0 + q * slot, make_ulonglong2(LL_NOT_ARRIVED, LL_NOT_ARRIVED));
     }
     return true;
 }
@@ -125,6 +129,103 @@ __device__ __forceinline__ bool ll_sum_line(const SymmArgs& a, uint32_t buffer, 
     return true;
 }
 
+// 32-bit word `i` of `in` (elements i * (4 / sizeof(T)) ..), zero-padded past element n.
+template <typename T>
+__device__ __forceinline__ uint32_t load_word(const T* in, uint64_t n, uint64_t i, bool aligned) {
+    constexpr uint32_t PER_WORD = 4 / sizeof(T);
+    using B = typename ElemBits<sizeof(T)>::type;
+    if (aligned && (i + 1) * PER_WORD <= n) return reinterpret_cast<const uint32_t*>(in)[i];
+    union {
+        uint32_t bits;
+        B elems[PER_WORD];
+    } p;
+    p.bits = 0;
+    const B* src = reinterpret_cast<const B*>(in);
+#pragma unroll
+    for (uint32_t e = 0; e < PER_WORD; ++e) {
+        if (i * PER_WORD + e < n) p.elems[e] = src[i * PER_WORD + e];
+    }
+    return p.bits;
+}
+
+// The low-latency all-reduce with one 32-bit word per thread (every message whose words the
+// grid covers, which is every one the low-latency kernel takes): thread i pushes word i of
+// its input into its slot of every peer's buffer, polls word i of every peer's slot in its
+// own buffer until none reads as the all-ones sentinel, sums them in rank order 0..W-1 in
+// fp32 (its own word from registers) and re-arms them. 32-bit stores are single-copy atomic
+// and the sentinel is a 32-bit word, so a word is either the sentinel or the peer's data;
+// word i is where the 16-byte lines keep it, so the region's invariants are those stated at
+// `one_shot_ll` (every word a reader reads it re-arms inside the call; a word past the
+// message is never written). The sums are element for element those of `ll_reduce_line`,
+// so the bits are every other algorithm's. Why words and not lines: each thread's critical
+// path (its sum above all) shrinks fourfold, and on the H200 every instruction on it shows
+// (docs/design.md, "Words, not lines"). False when the wait failed.
+template <typename T>
+__device__ __forceinline__ bool ll_all_reduce_word(const T* in, T* out, uint64_t n, const SymmArgs& a,
+                                                   uint32_t buffer, uint64_t i) {
+    constexpr uint32_t PER_WORD = 4 / sizeof(T);
+    constexpr uint32_t NOT_ARRIVED = 0xffffffffu;
+    const uint32_t own = load_word(in, n, i, is_aligned(in, 4));
+    const uint32_t wire = wire_word(own);
+    char* rank0_slot = reinterpret_cast<char*>(ll_line(a, 0, buffer, a.rank, 0)) + i * sizeof(uint32_t);
+#pragma unroll
+    for (uint32_t q = 0; q < MAX_RANKS; ++q) {
+        if (q < a.world && q != a.rank) st_word_sys(reinterpret_cast<uint32_t*>(rank0_slot + q * a.stride), wire);
+    }
+
+    uint32_t* source0 = reinterpret_cast<uint32_t*>(ll_line(a, a.rank, buffer, 0, 0)) + i;
+    const uint64_t slot = a.ll_slot_bytes / sizeof(uint32_t);
+    uint32_t w[MAX_RANKS];
+    uint32_t pending = ((1u << a.world) - 1) & ~(1u << a.rank);
+    Deadline d;
+    while (true) {
+#pragma unroll
+        for (uint32_t q = 0; q < MAX_RANKS; ++q) {
+            if (pending & (1u << q)) w[q] = ld_word_sys(source0 + q * slot);
+        }
+#pragma unroll
+        for (uint32_t q = 0; q < MAX_RANKS; ++q) {
+            if ((pending & (1u << q)) && w[q] != NOT_ARRIVED) pending &= ~(1u << q);
+        }
+        if (pending == 0) break;
+        if (!d.keep_waiting(a, PHASE_ARRIVAL, __ffs(pending) - 1)) return false;
+    }
+
+    float acc[PER_WORD];
+#pragma unroll
+    for (uint32_t q = 0; q < MAX_RANKS; ++q) {
+        if (q < a.world) {
+            const uint32_t x = q == a.rank ? own : w[q];
+            if constexpr (PER_WORD == 1) {
+                acc[0] = q == 0 ? __uint_as_float(x) : acc[0] + __uint_as_float(x);
+            } else {
+                const float2 v = Elem<T>::widen(x);
+                acc[0] = q == 0 ? v.x : acc[0] + v.x;
+                acc[1] = q == 0 ? v.y : acc[1] + v.y;
+            }
+        }
+    }
+#pragma unroll
+    for (uint32_t q = 0; q < MAX_RANKS; ++q) {
+        if (q < a.world && q != a.rank) st_word_sys(source0 + q * slot, NOT_ARRIVED);
+    }
+    union {
+        uint32_t bits;
+        T elems[PER_WORD];
+    } r;
+#pragma unroll
+    for (uint32_t e = 0; e < PER_WORD; ++e) r.elems[e] = Elem<T>::from_float(acc[e]);
+    if (is_aligned(out, 4) && (i + 1) * PER_WORD <= n) {
+        reinterpret_cast<uint32_t*>(out)[i] = r.bits;
+    } else {
+#pragma unroll
+        for (uint32_t e = 0; e < PER_WORD; ++e) {
+            if (i * PER_WORD + e < n) out[i * PER_WORD + e] = r.elems[e];
+        }
+    }
+    return true;
+}
+
 // Low-latency one-shot for small messages: no barrier at all. Every rank pushes its input as
 // 16-byte lines into its slot of every peer's buffer `epoch % 3`; each rank polls its slots
 // until no word of a line reads as the all-ones sentinel, sums in rank order (its own
@@ -135,7 +236,9 @@ __device__ __forceinline__ bool ll_sum_line(const SymmArgs& a, uint32_t buffer, 
 // so while rank r runs call k its peers write only buffers k % 3 and (k + 1) % 3 of r; buffer
 // k % 3 is written next in call k + 3, which no peer can start before r has finished call
 // k + 2 — and r re-armed its lines of buffer k % 3 before its call k ended. Setup fills the
-// whole region with the sentinel. One thread handles one 16-byte line per step.
+// whole region with the sentinel. A thread handles one 32-bit word of the lines
+// (`ll_all_reduce_word`, the unicast push whenever the grid covers the message) or one
+// 16-byte line per step (the multicast push, or a message larger than the grid).
 //
 // The region is shared by every low-latency kernel (this one, `reduce_scatter_ll`,
 // `all_gather_ll`, `fused_low_latency`): line l of slot (buffer, source) is at the same place
@@ -160,23 +263,32 @@ __device__ __forceinline__ void one_shot_ll(const T* in, T* out, uint64_t n, con
     const uint64_t epoch = begin_call(a);
     if (epoch == 0) return;
     const uint64_t lines = (n + PER_LINE - 1) / PER_LINE;
-    const PackLoop loop;  // one thread per line
+    const PackLoop loop;  // one thread per word or line
     const uint32_t buffer = static_cast<uint32_t>(epoch % LL_BUFFERS);
     const bool in_aligned = is_aligned(in, 16), out_aligned = is_aligned(out, 16);
     const Coll coll(a, 0);
 
-    // The first line stays in registers as this rank's own contribution.
-    const uint4 own_first = loop.first < lines ? load_line(in, n, loop.first, in_aligned) : make_uint4(0, 0, 0, 0);
-    for (uint64_t l = loop.first; l < lines; l += loop.step) {
-        coll.broadcast_line(buffer, l,
-                            as_words(wire_pack(l == loop.first ? own_first : load_line(in, n, l, in_aligned))));
+    if (Coll::WORDS && (n * sizeof(T) + 3) / 4 <= loop.step) {
+        // One 32-bit word per thread (`ll_all_reduce_word`); a thread past the message has
+        // nothing to wait for and so does not let the next kernel launch.
+        if (loop.first < (n * sizeof(T) + 3) / 4 && ll_all_reduce_word(in, out, n, a, buffer, loop.first))
+            pdl_launch_dependents();
+    } else {
+        // One 16-byte line per thread and step; the first line stays in registers as this
+        // rank's own contribution.
+        const uint4 own_first = loop.first < lines ? load_line(in, n, loop.first, in_aligned) : make_uint4(0, 0, 0, 0);
+        for (uint64_t l = loop.first; l < lines; l += loop.step) {
+            coll.broadcast_line(buffer, l,
+                                as_words(wire_pack(l == loop.first ? own_first : load_line(in, n, l, in_aligned))));
+        }
+        for (uint64_t l = loop.first; l < lines; l += loop.step) {
+            const uint4 own = l == loop.first ? own_first : load_line(in, n, l, in_aligned);
+            if (!ll_sum_line(a, buffer, l, own, out, n, out_aligned)) break;
+        }
+        // Every peer's data for this thread's lines has arrived: the next kernel may start
+        // launching (not a thread without a line: it has waited for nothing).
+        if (loop.first < lines) pdl_launch_dependents();
     }
-    for (uint64_t l = loop.first; l < lines; l += loop.step) {
-        const uint4 own = l == loop.first ? own_first : load_line(in, n, l, in_aligned);
-        if (!ll_sum_line(a, buffer, l, own, out, n, out_aligned)) break;
-    }
-    // Every peer's data for this call has arrived: the next kernel may start launching.
-    pdl_launch_dependents();
     end_call(a, epoch);
 }
 
@@ -211,7 +323,7 @@ __device__ __forceinline__ void reduce_scatter_ll(const T* in, T* out, uint64_t 
     for (uint64_t l = loop.first; l < lines; l += loop.step) {
         if (!ll_sum_line(a, buffer, l, load_line(own_slice, n, l, slices_aligned), out, n, out_aligned)) break;
     }
-    pdl_launch_dependents();
+    if (loop.first < lines) pdl_launch_dependents();  // not a thread that waited for nothing
     end_call(a, epoch);
 }
 

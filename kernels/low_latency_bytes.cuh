@@ -101,7 +101,7 @@ __device__ __forceinline__ void all_gather_ll(const char* in, char* out, uint64_
             }
         }
     }
-    pdl_launch_dependents();
+    if (loop.first < lines) pdl_launch_dependents();  // not a thread that waited for nothing
     end_call(a, epoch);
 }
 

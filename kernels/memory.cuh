@@ -75,6 +75,18 @@ __device__ __forceinline__ ulonglong2 ld_line_sys(const ulonglong2* p) {
     return v;
 }
 
+// One 32-bit word of a low-latency line (the all-reduce's word-per-thread path), stored and
+// polled the same way: a 32-bit access is single-copy atomic.
+__device__ __forceinline__ void st_word_sys(uint32_t* p, uint32_t v) {
+    asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ uint32_t ld_word_sys(const uint32_t* p) {
+    uint32_t v;
+    asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
 // Peer data is read at L2 (.cg): never from an L1 line filled before the peer wrote it.
 __device__ __forceinline__ uint4 load_peer_pack(const uint4* p) { return __ldcg(p); }
 

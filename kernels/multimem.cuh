@@ -147,6 +147,8 @@ __device__ __forceinline__ void fence_proxy_alias() {
 }
 
 struct MultimemColl {
+    // The low-latency all-reduce pushes whole 16-byte lines (one multicast store each).
+    static constexpr bool WORDS = false;
     const SymmArgs& a;
     char* mc;         // multicast address of the bound allocations
     uint64_t offset;  // where the buffer lies in every rank's allocation

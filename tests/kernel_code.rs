@@ -365,14 +365,17 @@ fn every_kernel_returns_at_once_on_a_refused_call() {
 
 /// A low-latency reader issues every peer's poll load before it looks at any of them: in
 /// every reader kernel some poll load is followed by the other seven (one per possible peer)
-/// before its own registers are first used. When each load was checked before the next was
-/// issued, a poll cost W − 1 round trips in a row (docs/design.md, "One round trip per poll").
+/// before its own registers are first used — for the 16-byte lines (a u64 pair per load) and,
+/// in the unicast all-reduce, for the word-per-thread path (one u32 per load). When each load was
+/// checked before the next was issued, a poll cost W − 1 round trips in a row
+/// (docs/design.md, "One round trip per poll").
 #[test]
 fn low_latency_polls_load_every_peer_before_checking_any() {
     if !kernels_or_skip("low_latency_polls_load_every_peer_before_checking_any") {
         return;
     }
-    const POLL: &str = "ld.relaxed.sys.global.v2.u64";
+    const LINE_POLL: &str = "ld.relaxed.sys.global.v2.u64";
+    const WORD_POLL: &str = "ld.relaxed.sys.global.u32";
     let mut checked = 0;
     for (name, entry) in entries() {
         let readers = [
@@ -385,30 +388,40 @@ fn low_latency_polls_load_every_peer_before_checking_any() {
             continue;
         }
         let lines: Vec<&str> = entry.lines().map(str::trim).collect();
-        let polls: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].starts_with(POLL)).collect();
-        // The destination registers of the load on line i: `ld... {%rdA, %rdB}, [addr];`.
+        // The destination registers of the load on line i: `ld... {%rdA, %rdB}, [addr];` or
+        // `ld... %rA, [addr];`.
         let dests = |i: usize| -> Vec<String> {
-            let inner = lines[i]
-                .split('{')
-                .nth(1)
-                .and_then(|s| s.split('}').next())
-                .unwrap_or_default();
-            inner.split(',').map(|r| r.trim().to_string()).collect()
+            let operands = lines[i].split_once(char::is_whitespace).map_or("", |(_, o)| o);
+            let regs = match operands.split_once('{') {
+                Some((_, rest)) => rest.split('}').next().unwrap_or_default(),
+                None => operands.split(',').next().unwrap_or_default(),
+            };
+            regs.split(',').map(|r| r.trim().to_string()).collect()
         };
         let uses = |line: &str, reg: &str| {
             line.split(|c: char| !(c.is_alphanumeric() || c == '%' || c == '_'))
                 .any(|token| token == reg)
         };
-        let batched = polls.windows(8).any(|w| {
-            let regs = dests(w[0]);
-            lines[w[0] + 1..w[7]]
-                .iter()
-                .all(|l| !regs.iter().any(|r| uses(l, r)))
-        });
-        assert!(
-            batched,
-            "{name}: no poll issues all eight peers' loads before checking them"
-        );
+        let batched = |poll: &str| {
+            let polls: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].starts_with(poll)).collect();
+            polls.windows(8).any(|w| {
+                let regs = dests(w[0]);
+                lines[w[0] + 1..w[7]]
+                    .iter()
+                    .all(|l| !regs.iter().any(|r| uses(l, r)))
+            })
+        };
+        let mut polls = vec![LINE_POLL];
+        // The multicast push stores whole lines: only the unicast all-reduce has words.
+        if name.starts_with("symm_one_shot_ll_") && !name.starts_with("symm_one_shot_ll_mm_") {
+            polls.push(WORD_POLL);
+        }
+        for poll in polls {
+            assert!(
+                batched(poll),
+                "{name}: no `{poll}` poll issues all eight peers' loads before checking them"
+            );
+        }
         checked += 1;
     }
     // The four reader kernels (all-reduce, reduce-scatter, fused: 3 dtypes each; the

@@ -40,15 +40,19 @@ pub(crate) fn choose(
 const LOW_LATENCY_THREADS: u32 = 128;
 
 /// The grid of `kernel` for `len` elements of `dtype` over `world` ranks: one thread per
-/// 16-byte pack (of the rank's 1/W slice for the two-shot family; a low-latency line is one
-/// pack too), capped by the agreed limits and the signal slots.
+/// 16-byte pack (of the rank's 1/W slice for the two-shot family; a multicast low-latency
+/// line is one pack too; the unicast low-latency all-reduce takes one thread per 32-bit
+/// word), capped by the agreed limits and the signal slots.
 pub(crate) fn grid(kernel: Kernel, len: usize, dtype: DType, world: usize, limits: Limits) -> Plan {
     let packs = len / dtype.per_pack();
     let work = match kernel {
         Kernel::TwoShot | Kernel::InPlace | Kernel::InPlaceMultimem | Kernel::PoolTwoShot => {
             packs.div_ceil(world)
         }
-        Kernel::LowLatency | Kernel::LowLatencyMultimem => (len * dtype.size()).div_ceil(16),
+        // The unicast low-latency all-reduce moves one 32-bit word per thread, the multicast
+        // one a 16-byte line (kernels/low_latency.cuh).
+        Kernel::LowLatency => (len * dtype.size()).div_ceil(4),
+        Kernel::LowLatencyMultimem => (len * dtype.size()).div_ceil(16),
         // Reduce-scatter: `len` is the per-rank output (one slice); all-gather: `len` is the
         // largest per-rank chunk (the collectives' grids are sized in plan::collective).
         Kernel::OneShot
@@ -76,11 +80,12 @@ pub(crate) fn grid(kernel: Kernel, len: usize, dtype: DType, world: usize, limit
         };
     }
     if matches!(kernel, Kernel::LowLatency | Kernel::LowLatencyMultimem) {
-        // Small blocks spread a small message over more SMs: every thread pushes its line to
-        // every peer and polls for theirs, so more, smaller blocks start sooner and contend
-        // less. On the H200 (8 virtual ranks, chain of 10) 128-thread blocks were 0.4–0.6 µs
-        // faster at 8 KiB and 0.9 µs at 32 KiB than 512-thread ones; 64 lost at 32 KiB.
-        // Blocks grow back to 512 threads once the block limit binds.
+        // Small blocks spread a small message over more SMs: every thread pushes its word or
+        // line to every peer and polls for theirs, so more, smaller blocks start sooner and
+        // contend less. On the H200 (8 virtual ranks, chain of 10, a thread per 16-byte line
+        // then) 128-thread blocks were 0.4–0.6 µs faster at 8 KiB and 0.9 µs at 32 KiB than
+        // 512-thread ones; 64 lost at 8 and 32 KiB (docs/design.md). Blocks grow back to 512
+        // threads once the block limit binds.
         let cap = limits.blocks(kernel.family()).clamp(1, MAX_BLOCKS);
         let threads = work
             .div_ceil(cap)
@@ -157,17 +162,23 @@ mod tests {
             };
             assert_eq!(above.algorithm, next, "world {world}");
         }
-        // One thread per 16-byte line in 128-thread blocks: 8 KiB is 512 lines, four blocks;
-        // 16 KiB eight.
+        // One thread per 32-bit word in 128-thread blocks: 8 KiB is 2048 words, 16 blocks;
+        // 16 KiB 32.
         let ll = |len| plan_all_reduce(len, DType::BF16, 8, WIDE, &c, Algorithm::Auto);
-        assert_eq!((ll(4096).blocks, ll(4096).threads), (4, 128));
-        assert_eq!((ll(8192).blocks, ll(8192).threads), (8, 128));
+        assert_eq!((ll(4096).blocks, ll(4096).threads), (16, 128));
+        assert_eq!((ll(8192).blocks, ll(8192).threads), (32, 128));
         let one = plan_all_reduce(1, DType::F32, 8, WIDE, &c, Algorithm::Auto);
         assert_eq!((one.blocks, one.threads), (1, 128));
-        // Once the block limit binds, blocks grow back towards 512 threads: 128 KiB forced
-        // is 8192 lines over at most 32 blocks, 256 threads each.
+        // Once the block limit binds, blocks grow back towards 512 threads: 64 KiB forced is
+        // 16384 words over at most 32 blocks, 512 threads each; 128 KiB (32768 words) no
+        // longer fits a word per thread, and the kernel takes 16-byte lines (8192 of them).
+        let mid = plan_all_reduce(32768, DType::BF16, 8, WIDE, &c, Algorithm::LowLatency);
+        assert_eq!((mid.blocks, mid.threads), (32, 512));
         let big = plan_all_reduce(65536, DType::BF16, 8, WIDE, &c, Algorithm::LowLatency);
-        assert_eq!((big.blocks, big.threads), (32, 256));
+        assert_eq!((big.blocks, big.threads), (32, 512));
+        // The multicast low-latency kernel pushes 16-byte lines: a thread each.
+        let mm = grid(Kernel::LowLatencyMultimem, 4096, DType::BF16, 8, WIDE);
+        assert_eq!((mm.blocks, mm.threads), (4, 128));
         // Off when 0, and never beyond the capacity.
         let off = Config {
             low_latency_max_bytes: 0,
