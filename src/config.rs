@@ -27,9 +27,11 @@ pub enum Algorithm {
     OneShot,
     /// Reduce-scatter then all-gather: two barriers, `2·(W-1)/W·S` bytes per rank.
     TwoShot,
-    /// One-shot without any barrier: every rank pushes its input to every rank as 16-byte
-    /// lines that carry the call's epoch next to each 8 bytes of data, and polls its own
-    /// slots until all lines have arrived (`2·W·S` bytes written per rank: small messages).
+    /// One-shot without any barrier: every rank pushes its input into its slot of every
+    /// peer's low-latency buffer, one 32-bit word per thread, and polls its own slots until
+    /// no word reads as the all-ones "not arrived" sentinel, then sums in rank order (the
+    /// other algorithms' bits) and re-arms them (`(W-1)·S` bytes pushed per rank: small
+    /// messages).
     LowLatency,
     /// The NVLS multimem in-place two-shot: the NVSwitch reduces (`multimem.ld_reduce`, fp32
     /// accumulation) and broadcasts (`multimem.st`). Only for the zero-copy symmetric-buffer
@@ -46,7 +48,7 @@ pub enum Algorithm {
     /// the same bits on every rank), so `Auto` takes it only with `Config::reproducible` off.
     MultimemOneShot,
     /// The low-latency kernel with the push done by the NVSwitch: one multicast store per
-    /// 16-byte line instead of one per peer. The readers sum in rank order, so its results are
+    /// 16-byte line instead of one store per peer and 32-bit word. The readers sum in rank order, so its results are
     /// bit-identical to the peer kernels'; `Auto` takes it for small buffer calls whenever a
     /// multicast object is set up, `Config::reproducible` or not.
     MultimemLowLatency,
