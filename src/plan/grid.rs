@@ -84,8 +84,9 @@ pub(crate) fn grid(kernel: Kernel, len: usize, dtype: DType, world: usize, limit
         // line to every peer and polls for theirs, so more, smaller blocks start sooner and
         // contend less. On the H200 (8 virtual ranks, chain of 10, a thread per 16-byte line
         // then) 128-thread blocks were 0.4–0.6 µs faster at 8 KiB and 0.9 µs at 32 KiB than
-        // 512-thread ones; 64 lost at 8 and 32 KiB (docs/design.md). Blocks grow back to 512
-        // threads once the block limit binds.
+        // 512-thread ones; 64- and 32-thread blocks lost at 8 KiB (and at 1 KiB, partly the
+        // idle threads' early trigger since removed; docs/bench/h200-w8-virtual-v5). Blocks
+        // grow back to 512 threads once the block limit binds.
         let cap = limits.blocks(kernel.family()).clamp(1, MAX_BLOCKS);
         let threads = work
             .div_ceil(cap)
