@@ -48,25 +48,24 @@ __device__ __forceinline__ bool line_arrived(ulonglong2 w) {
            static_cast<uint32_t>(w.y) != NOT_ARRIVED && static_cast<uint32_t>(w.y >> 32) != NOT_ARRIVED;
 }
 
-// Polls line `l` of every peer's slot in this rank's buffer `buffer` until `arrived(w[q])`
-// holds for each peer q; the arrived lines are left in `w` (this rank's own entry is not
+// Polls every peer's copy of one line or word of this rank's low-latency buffer until
+// `arrived(w[q])` holds for each peer q: `source0` is source 0's copy, source q's is `slot`
+// elements further. The arrived values are left in `w` (this rank's own entry is not
 // touched). False when the wait timed out or the group is poisoned. Every low-latency reader
-// waits through it. Every pending peer's line is loaded before any is looked at, so a poll
+// waits through it. Every pending peer's copy is loaded before any is looked at, so a poll
 // costs one round trip, not one per peer (checking each load before issuing the next
-// serialised them), and the lines are loaded straight into `w`: no second copy of 8 lines in
-// registers. The peers' lines are one slot apart from source 0's: their addresses are worked
-// out once, not per poll (on the critical path every instruction counts, docs/design.md).
-template <typename Arrived>
-__device__ __forceinline__ bool ll_wait_peers(const SymmArgs& a, uint32_t buffer, uint64_t l, Arrived arrived,
-                                              ulonglong2 (&w)[MAX_RANKS]) {
-    const ulonglong2* source0 = ll_line(a, a.rank, buffer, 0, l);
-    const uint64_t slot = a.ll_slot_bytes / sizeof(ulonglong2);
+// serialised them), and the values are loaded straight into `w`: no second copy of 8 lines
+// in registers. The addresses are worked out once, not per poll (on the critical path every
+// instruction counts, docs/design.md).
+template <typename Word, typename Arrived>
+__device__ __forceinline__ bool ll_poll_peers(const SymmArgs& a, const Word* source0, uint64_t slot, Arrived arrived,
+                                              Word (&w)[MAX_RANKS]) {
     uint32_t pending = ((1u << a.world) - 1) & ~(1u << a.rank);
     Deadline d;
     while (true) {
 #pragma unroll
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-            if (pending & (1u << q)) w[q] = ld_line_sys(source0 + q * slot);
+            if (pending & (1u << q)) w[q] = ld_poll_sys(source0 + q * slot);
         }
 #pragma unroll
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
@@ -75,6 +74,13 @@ __device__ __forceinline__ bool ll_wait_peers(const SymmArgs& a, uint32_t buffer
         if (pending == 0) return true;
         if (!d.keep_waiting(a, PHASE_ARRIVAL, __ffs(pending) - 1)) return false;
     }
+}
+
+// `ll_poll_peers` over line `l` of every peer's slot in this rank's buffer `buffer`.
+template <typename Arrived>
+__device__ __forceinline__ bool ll_wait_peers(const SymmArgs& a, uint32_t buffer, uint64_t l, Arrived arrived,
+                                              ulonglong2 (&w)[MAX_RANKS]) {
+    return ll_poll_peers(a, ll_line(a, a.rank, buffer, 0, l), a.ll_slot_bytes / sizeof(ulonglong2), arrived, w);
 }
 
 // Waits for line `l` of every peer (`ll_wait_peers`), sums in rank order 0..W-1 in fp32 (this
@@ -170,26 +176,13 @@ __device__ __forceinline__ bool ll_all_reduce_word(const T* in, T* out, uint64_t
     char* rank0_slot = reinterpret_cast<char*>(ll_line(a, 0, buffer, a.rank, 0)) + i * sizeof(uint32_t);
 #pragma unroll
     for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-        if (q < a.world && q != a.rank) st_word_sys(reinterpret_cast<uint32_t*>(rank0_slot + q * a.stride), wire);
+        if (q < a.world && q != a.rank) st_relaxed_sys_u32(reinterpret_cast<uint32_t*>(rank0_slot + q * a.stride), wire);
     }
 
     uint32_t* source0 = reinterpret_cast<uint32_t*>(ll_line(a, a.rank, buffer, 0, 0)) + i;
     const uint64_t slot = a.ll_slot_bytes / sizeof(uint32_t);
     uint32_t w[MAX_RANKS];
-    uint32_t pending = ((1u << a.world) - 1) & ~(1u << a.rank);
-    Deadline d;
-    while (true) {
-#pragma unroll
-        for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-            if (pending & (1u << q)) w[q] = ld_word_sys(source0 + q * slot);
-        }
-#pragma unroll
-        for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-            if ((pending & (1u << q)) && w[q] != NOT_ARRIVED) pending &= ~(1u << q);
-        }
-        if (pending == 0) break;
-        if (!d.keep_waiting(a, PHASE_ARRIVAL, __ffs(pending) - 1)) return false;
-    }
+    if (!ll_poll_peers(a, source0, slot, [](uint32_t x) { return x != NOT_ARRIVED; }, w)) return false;
 
     float acc[PER_WORD];
 #pragma unroll
@@ -207,7 +200,7 @@ __device__ __forceinline__ bool ll_all_reduce_word(const T* in, T* out, uint64_t
     }
 #pragma unroll
     for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-        if (q < a.world && q != a.rank) st_word_sys(source0 + q * slot, NOT_ARRIVED);
+        if (q < a.world && q != a.rank) st_relaxed_sys_u32(source0 + q * slot, NOT_ARRIVED);
     }
     union {
         uint32_t bits;

@@ -42,8 +42,9 @@ __device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t* p) {
     return v;
 }
 
-// The poison word: written by a rank whose wait timed out into its own and every peer's
-// call state, polled by every wait.
+// The poison word (written by a rank whose wait timed out into its own and every peer's call
+// state, polled by every wait) and the low-latency all-reduce's 32-bit words (a 32-bit access
+// is single-copy atomic).
 __device__ __forceinline__ void st_relaxed_sys_u32(uint32_t* p, uint32_t v) {
     asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
@@ -75,17 +76,9 @@ __device__ __forceinline__ ulonglong2 ld_line_sys(const ulonglong2* p) {
     return v;
 }
 
-// One 32-bit word of a low-latency line (the all-reduce's word-per-thread path), stored and
-// polled the same way: a 32-bit access is single-copy atomic.
-__device__ __forceinline__ void st_word_sys(uint32_t* p, uint32_t v) {
-    asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ uint32_t ld_word_sys(const uint32_t* p) {
-    uint32_t v;
-    asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
+// The poll load of a low-latency reader, by what it polls: a 16-byte line or a 32-bit word.
+__device__ __forceinline__ ulonglong2 ld_poll_sys(const ulonglong2* p) { return ld_line_sys(p); }
+__device__ __forceinline__ uint32_t ld_poll_sys(const uint32_t* p) { return ld_relaxed_sys_u32(p); }
 
 // Peer data is read at L2 (.cg): never from an L1 line filled before the peer wrote it.
 __device__ __forceinline__ uint4 load_peer_pack(const uint4* p) { return __ldcg(p); }
