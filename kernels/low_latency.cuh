@@ -76,14 +76,15 @@ __device__ __forceinline__ bool ll_poll_peers(const SymmArgs& a, const Word* sou
     }
 }
 
-// `ll_poll_peers` over line `l` of every peer's slot in this rank's buffer `buffer`.
+// `ll_poll_peers` over line `l` of every peer's slot in this rank's buffer `buffer` (the
+// all-gather's reader).
 template <typename Arrived>
 __device__ __forceinline__ bool ll_wait_peers(const SymmArgs& a, uint32_t buffer, uint64_t l, Arrived arrived,
                                               ulonglong2 (&w)[MAX_RANKS]) {
     return ll_poll_peers(a, ll_line(a, a.rank, buffer, 0, l), a.ll_slot_bytes / sizeof(ulonglong2), arrived, w);
 }
 
-// Waits for line `l` of every peer (`ll_wait_peers`), sums in rank order 0..W-1 in fp32 (this
+// Waits for line `l` of every peer (`ll_poll_peers`), sums in rank order 0..W-1 in fp32 (this
 // rank's own contribution `own` from registers), rounds once into `sum`, and re-arms the
 // lines it consumed. False (nothing summed) when the wait timed out or the group is
 // poisoned. Every low-latency reduction (the all-reduce, the reduce-scatter, the fused call)
@@ -92,8 +93,10 @@ template <typename T>
 __device__ __forceinline__ bool ll_reduce_line(const SymmArgs& a, uint32_t buffer, uint64_t l, uint4 own,
                                                uint4& sum) {
     constexpr uint32_t PER_LINE = Elem<T>::PER_PACK;
+    ulonglong2* source0 = ll_line(a, a.rank, buffer, 0, l);
+    const uint64_t slot = a.ll_slot_bytes / sizeof(ulonglong2);
     ulonglong2 w[MAX_RANKS];
-    if (!ll_wait_peers(a, buffer, l, line_arrived, w)) return false;
+    if (!ll_poll_peers(a, source0, slot, line_arrived, w)) return false;
     float acc[PER_LINE];
 #pragma unroll
     for (uint32_t q = 0; q < MAX_RANKS; ++q) {
@@ -107,8 +110,6 @@ __device__ __forceinline__ bool ll_reduce_line(const SymmArgs& a, uint32_t buffe
         }
     }
     sum = float_to_pack<T>(acc);
-    ulonglong2* source0 = ll_line(a, a.rank, buffer, 0, l);
-    const uint64_t slot = a.ll_slot_bytes / sizeof(ulonglong2);
 #pragma unroll
     for (uint32_t q = 0; q < MAX_RANKS; ++q) {
         if (q < a.world && q != a.rank) st_line_sys(source0 + q * slot, make_ulonglong2(LL_NOT_ARRIVED, LL_NOT_ARRIVED));
@@ -261,11 +262,11 @@ __device__ __forceinline__ void one_shot_ll(const T* in, T* out, uint64_t n, con
     const bool in_aligned = is_aligned(in, 16), out_aligned = is_aligned(out, 16);
     const Coll coll(a, 0);
 
-    if (Coll::WORDS && (n * sizeof(T) + 3) / 4 <= loop.step) {
+    const uint64_t words = (n * sizeof(T) + 3) / 4;
+    if (Coll::WORDS && words <= loop.step) {
         // One 32-bit word per thread (`ll_all_reduce_word`); a thread past the message has
         // nothing to wait for and so does not let the next kernel launch.
-        if (loop.first < (n * sizeof(T) + 3) / 4 && ll_all_reduce_word(in, out, n, a, buffer, loop.first))
-            pdl_launch_dependents();
+        if (loop.first < words && ll_all_reduce_word(in, out, n, a, buffer, loop.first)) pdl_launch_dependents();
     } else {
         // One 16-byte line per thread and step; the first line stays in registers as this
         // rank's own contribution.

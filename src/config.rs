@@ -48,9 +48,9 @@ pub enum Algorithm {
     /// the same bits on every rank), so `Auto` takes it only with `Config::reproducible` off.
     MultimemOneShot,
     /// The low-latency kernel with the push done by the NVSwitch: one multicast store per
-    /// 16-byte line instead of one store per peer and 32-bit word. The readers sum in rank order, so its results are
-    /// bit-identical to the peer kernels'; `Auto` takes it for small buffer calls whenever a
-    /// multicast object is set up, `Config::reproducible` or not.
+    /// 16-byte line instead of one store per peer and 32-bit word. The readers sum in rank
+    /// order, so its results are bit-identical to the peer kernels'; `Auto` takes it for small
+    /// buffer calls whenever a multicast object is set up, `Config::reproducible` or not.
     MultimemLowLatency,
     /// `ncclAllReduce` through the communicator's NCCL fallback (only communicators created
     /// with one: [`crate::Communicator::from_nccl`], [`crate::Communicator::with_nccl_fallback`]).
