@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{sys, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{sys, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice};
 
 use super::{Communicator, Paths, SymmetricTensor};
 use crate::config::Algorithm;
@@ -18,11 +18,11 @@ use crate::plan::validate::{validate_call, validate_lengths, validate_placement,
 impl Communicator {
     /// Sums `input` over all ranks into `output` (out of place), choosing the path by size
     /// (see [`path`](Self::path)). All ranks must make the same sequence of calls with the
-    /// same lengths. Inputs and outputs may be views at any element offset. With
-    /// `Algorithm::Auto`, an `input` that is (a 16-byte aligned view of) one of this
-    /// communicator's pool buffers ([`alloc_symmetric`](Self::alloc_symmetric)) is read in
-    /// place by the zero-copy two-shot, up to `capacity_bytes` ([`pool_path`](Self::pool_path)
-    /// with `out_of_place`); every rank then passes its buffer of the same allocation.
+    /// same lengths. Inputs and outputs may be views at any element offset. Every buffer is
+    /// an ordinary buffer here, a pool buffer too: the path depends only on what every rank
+    /// agrees on (the call, the length, the dtype, the configuration), never on where one
+    /// rank's pointer lies. To read a pool buffer in place, call
+    /// [`all_reduce_from_pool`](Self::all_reduce_from_pool) on every rank.
     pub fn all_reduce<T: Element>(
         &self,
         input: &impl DevicePtr<T>,
@@ -62,25 +62,52 @@ impl Communicator {
             output_addr: out_ptr,
             ..shape
         };
-        // An input in this communicator's pool (16-byte aligned) is read in place.
-        let tag = match algorithm {
-            Algorithm::Auto => self.zero_copy_tag(in_ptr, shape.input_len * T::DTYPE.size()),
-            _ => None,
+        let route = self.route(CallKind::Buffers, shape.input_len, T::DTYPE, algorithm)?;
+        self.run::<T>(&shape, &route, 0, stream)
+    }
+
+    /// Sums the pool buffer `input` over all ranks into `output`, reading every rank's copy
+    /// of `input` in place (zero-copy) where that is the fastest path: the low-latency kernel
+    /// in its range (it copies nothing in anyway), the zero-copy two-shot up to
+    /// `capacity_bytes`, then what an ordinary buffer gets ([`pool_path`](Self::pool_path)
+    /// with `out_of_place`). Every rank calls it with its buffer of the same allocation
+    /// (checked on the device before the peers' copies are read: [`Error::PoolMismatch`]).
+    /// `input` may be rewritten as soon as the call is complete on the stream. A pool buffer
+    /// of another communicator is refused with [`Error::ForeignPoolBuffer`].
+    pub fn all_reduce_from_pool<T: Element>(
+        &self,
+        input: &SymmetricTensor<T>,
+        output: &mut impl DevicePtrMut<T>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.check_usable()?;
+        let tag = self.pool_tag(input)?;
+        let shape = CallShape {
+            dtype: T::DTYPE,
+            input_len: input.len(),
+            output_len: output.len(),
+            input_addr: input.device_address(),
+            output_addr: 0,
+            input_device: self.device(),
+            output_device: output.stream().context().ordinal(),
+            stream_device: stream.context().ordinal(),
         };
-        let (kind, tag) = match tag {
-            Some(tag) => (CallKind::PoolInput, tag),
-            None => (CallKind::Buffers, 0),
+        validate_lengths(&shape)?;
+        let book = self.bookkeeping(stream)?;
+        let (out_ptr, write) = output.device_ptr_mut(book);
+        let _records = self.settle(book, stream, write)?;
+        let shape = CallShape {
+            output_addr: out_ptr,
+            ..shape
         };
-        let route = self.route(kind, shape.input_len, T::DTYPE, algorithm)?;
+        let route = self.route(CallKind::PoolInput, shape.input_len, T::DTYPE, Algorithm::Auto)?;
         self.run::<T>(&shape, &route, tag, stream)
     }
 
-    /// Sums `buffer` over all ranks in place. With `Algorithm::Auto`, a 16-byte aligned
-    /// buffer (or view) that lies inside one of this communicator's pool buffers
-    /// ([`alloc_symmetric`](Self::alloc_symmetric)) is reduced zero-copy: the in-place kernel
-    /// reads every rank's copy of it directly ([`pool_path`](Self::pool_path) says where it
-    /// goes). Anything else, a pool buffer of another communicator included, is an ordinary
-    /// buffer: copied in, at any element offset.
+    /// Sums `buffer` over all ranks in place, at any element offset. Every buffer is an
+    /// ordinary buffer here (copied in), a pool buffer too: the path depends only on what
+    /// every rank agrees on, never on where one rank's pointer lies. To reduce a pool buffer
+    /// zero-copy, call [`all_reduce_pool`](Self::all_reduce_pool) on every rank.
     pub fn all_reduce_in_place<T: Element>(
         &self,
         buffer: &mut impl DevicePtrMut<T>,
@@ -96,24 +123,17 @@ impl Communicator {
         let (ptr, write) = buffer.device_ptr_mut(book);
         let _records = self.settle(book, stream, write)?;
         let shape = CallShape::in_place(T::DTYPE, len, ptr, device, stream_device);
-        let tag = match algorithm {
-            Algorithm::Auto => self.zero_copy_tag(ptr, len * T::DTYPE.size()),
-            _ => None,
-        };
-        let (kind, tag) = match tag {
-            Some(tag) => (CallKind::Pool, tag),
-            None => (CallKind::Buffers, 0),
-        };
-        let route = self.route(kind, len, T::DTYPE, algorithm)?;
-        self.run::<T>(&shape, &route, tag, stream)
+        let route = self.route(CallKind::Buffers, len, T::DTYPE, algorithm)?;
+        self.run::<T>(&shape, &route, 0, stream)
     }
 
-    /// Sums a buffer of this communicator's symmetric pool over all ranks, in place and
-    /// zero-copy ([`pool_path`](Self::pool_path)): every rank passes its buffer of the same
-    /// allocation. The agreement is checked on the device before any data is touched; a
-    /// divergence is [`Error::PoolMismatch`] on every rank (reported by this call or the next,
-    /// as a peer timeout is), nothing reduced. A pool buffer of another communicator is
-    /// refused with [`Error::ForeignPoolBuffer`] (pass it to
+    /// Sums a buffer of this communicator's symmetric pool over all ranks, in place
+    /// ([`pool_path`](Self::pool_path)): the low-latency kernel in its range, above it the
+    /// zero-copy in-place kernel, which reads every rank's copy directly. Every rank passes its
+    /// buffer of the same allocation. The agreement is checked on the device before any data
+    /// is touched; a divergence is [`Error::PoolMismatch`] on every rank (reported by this call
+    /// or the next, as a peer timeout is), nothing reduced. A pool buffer of another
+    /// communicator is refused with [`Error::ForeignPoolBuffer`] (pass it to
     /// [`all_reduce_in_place`](Self::all_reduce_in_place) to reduce it as an ordinary buffer).
     pub fn all_reduce_pool<T: Element>(
         &self,
@@ -121,14 +141,12 @@ impl Communicator {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         self.check_usable()?;
-        let pool = self.pool()?;
-        if buffer.pool_id() != pool.id() {
-            return Err(Error::ForeignPoolBuffer {
-                expected: pool.id(),
-                found: buffer.pool_id(),
-            });
-        }
-        self.all_reduce_in_place(buffer, stream, Algorithm::Auto)
+        let tag = self.pool_tag(buffer)?;
+        let (len, ptr) = (buffer.len(), buffer.device_address());
+        let shape = CallShape::in_place(T::DTYPE, len, ptr, self.device(), stream.context().ordinal());
+        validate_lengths(&shape)?;
+        let route = self.route(CallKind::Pool, len, T::DTYPE, Algorithm::Auto)?;
+        self.run::<T>(&shape, &route, tag, stream)
     }
 
     /// Device address of this rank's symmetric buffer: [`crate::Layout::data_bytes`] bytes
@@ -208,12 +226,10 @@ impl Communicator {
     }
 
     fn copy(&self, dst: u64, src: u64, bytes: usize, stream: &Arc<CudaStream>) -> Result<()> {
-        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
-        self.order_after_previous_call(stream)?;
         // SAFETY: both ranges are device memory of this rank's device: one is the symmetric
         // buffer (or its stand-in, of the same size), the other a live cudarc buffer of
         // `bytes` bytes; `check_symmetric_copy` validated the devices and that `bytes` fits.
-        unsafe { launch::copy(dst, src, bytes, stream) }
+        self.ordered(stream, || unsafe { launch::copy(dst, src, bytes, stream) })
     }
 
     /// Launches the body-less kernel with exactly the grid a call of `len` elements would
@@ -243,9 +259,8 @@ impl Communicator {
         algorithm: Algorithm,
     ) -> Result<()> {
         let peer = self.peer()?;
-        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
-        self.order_after_previous_call(stream)?;
-        peer.launch_sync_floor(self.plan(len, dtype, algorithm), dtype, len, stream)
+        let plan = self.plan(len, dtype, algorithm);
+        self.ordered(stream, || peer.launch_sync_floor(plan, dtype, len, stream))
     }
 
     /// Test hook: holds `stream` for `ns` nanoseconds (one spinning thread), so that this
@@ -296,9 +311,7 @@ impl Communicator {
     #[doc(hidden)]
     pub fn __set_call_counter(&self, calls: u64, stream: &Arc<CudaStream>) -> Result<()> {
         let peer = self.peer()?;
-        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
-        self.order_after_previous_call(stream)?;
-        peer.set_call_counter(calls, stream)
+        self.ordered(stream, || peer.set_call_counter(calls, stream))
     }
 
     /// Test hook: the completed-call count in each block's entry of this rank's call state
@@ -352,7 +365,8 @@ impl Communicator {
     /// the failure itself the first time it is seen, [`Error::Poisoned`] with it as the
     /// cause afterwards.
     pub fn check_usable(&self) -> Result<()> {
-        if let Some(cause) = self.poisoned.borrow().as_ref() {
+        let mut poisoned = super::lock(&self.poisoned);
+        if let Some(cause) = poisoned.as_ref() {
             return Err(Error::Poisoned {
                 cause: Box::new(cause.clone()),
             });
@@ -364,7 +378,7 @@ impl Communicator {
             // Not a failure of the communicator: reported (once) by `synchronize`.
             None | Some(Error::CountsMismatch { .. }) => Ok(()),
             Some(err) => {
-                *self.poisoned.borrow_mut() = Some(err.clone());
+                *poisoned = Some(err.clone());
                 Err(err)
             }
         }
@@ -427,25 +441,13 @@ impl Communicator {
         Ok(None)
     }
 
-    /// Orders this call after the communicator's previous one when it comes on another
-    /// stream: an event recorded on the previous stream, waited for by this one (both
-    /// capturable). Two calls of one rank never run at once, whatever streams they come on.
-    /// When exactly one of the two streams is being captured the event is skipped: a
-    /// captured stream may not wait on eager work (nor an eager stream on captured work), and
-    /// the graph's replays are ordered by the stream it is launched on.
-    pub(super) fn order_after_previous_call(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        let mut order = self.order.borrow_mut();
-        match &order.last {
-            Some(last) if last.cu_stream() == stream.cu_stream() => return Ok(()),
-            Some(last) if capturing(last)? != capturing(stream)? => {}
-            Some(last) => {
-                let ordered = order.event.record(last).and_then(|()| stream.wait(&order.event));
-                ordered.map_err(|source| Error::StreamOrder { source })?;
-            }
-            None => {}
-        }
-        order.last = Some(stream.clone());
-        Ok(())
+    /// Enqueues one call of the group on `stream` (`launch` launches it) in this rank's order
+    /// of calls: after the previous call, whatever streams, captures and graph replays they
+    /// come in, and before the next (`order.rs`). Every launch of a group call goes through
+    /// here; the context is bound first.
+    pub(super) fn ordered(&self, stream: &Arc<CudaStream>, launch: impl FnOnce() -> Result<()>) -> Result<()> {
+        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        super::lock(&self.order).run(stream, launch)
     }
 
     /// Validates placement for the route's target and runs it (`pool_tag`: see
@@ -469,23 +471,15 @@ impl Communicator {
             Target::Kernel(kernel, plan) => {
                 validate_placement(shape, self.device(), true)?;
                 let peer = self.peer()?;
-                self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
-                self.order_after_previous_call(stream)?;
-                peer.launch_tagged(kernel, plan, shape, pool_tag, stream)
+                self.ordered(stream, || peer.launch_tagged(kernel, plan, shape, pool_tag, stream))
             }
             Target::Nccl => {
                 validate_placement(shape, self.device(), false)?;
-                self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
-                self.order_after_previous_call(stream)?;
-                self.nccl()?
-                    .all_reduce::<T>(shape.input_addr, shape.output_addr, shape.input_len, stream)
+                let nccl = self.nccl()?;
+                self.ordered(stream, || {
+                    nccl.all_reduce::<T>(shape.input_addr, shape.output_addr, shape.input_len, stream)
+                })
             }
         }
     }
-}
-
-/// Whether `stream` is being captured (an invalidated capture counts as capturing).
-fn capturing(stream: &CudaStream) -> Result<bool> {
-    let status = stream.capture_status().during("cuStreamIsCapturing")?;
-    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }

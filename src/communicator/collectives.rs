@@ -11,7 +11,7 @@ use super::{Communicator, Paths};
 use crate::config::Algorithm;
 use crate::driver::nvtx;
 use crate::dtype::{DType, Element, Gatherable};
-use crate::error::{CudaResultExt, Error, Result};
+use crate::error::{Error, Result};
 use crate::kernels::registry::Kernel;
 use crate::plan::collective::{
     explain_collective, route_collective, validate_all_gather, validate_all_gather_v,
@@ -148,16 +148,16 @@ impl Communicator {
             Target::Kernel(kernel, plan) => {
                 self.placement(b, true)?;
                 let peer = self.peer()?;
-                self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
-                self.order_after_previous_call(stream)?;
-                peer.launch_reduce_scatter(kernel, plan, T::DTYPE, (b.input, b.output, len), stream)
+                self.ordered(stream, || {
+                    peer.launch_reduce_scatter(kernel, plan, T::DTYPE, (b.input, b.output, len), stream)
+                })
             }
             Target::Nccl => {
                 self.placement(b, false)?;
-                self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
-                self.order_after_previous_call(stream)?;
-                self.nccl()?
-                    .reduce_scatter::<T>(b.input, b.output, len, self.world, stream)
+                let nccl = self.nccl()?;
+                self.ordered(stream, || {
+                    nccl.reduce_scatter::<T>(b.input, b.output, len, self.world, stream)
+                })
             }
         })
     }
@@ -215,8 +215,10 @@ impl Communicator {
         }
     }
 
-    /// Runs `call` with the buffers' addresses, holding cudarc's access guards until it has
-    /// launched (so that cudarc orders later uses of the buffers after this call).
+    /// Runs `call` with the buffers' addresses, taken through the same bookkeeping as every
+    /// call's ([`bookkeeping`](Self::bookkeeping) and [`settle`](Self::settle): capturable
+    /// with cudarc's event tracking on), holding cudarc's access guards until it has launched
+    /// (so that cudarc orders later uses of the buffers after this call).
     fn with_addresses<T>(
         &self,
         input: &impl DevicePtr<T>,
@@ -226,8 +228,10 @@ impl Communicator {
     ) -> Result<()> {
         let input_device = input.stream().context().ordinal();
         let output_device = output.stream().context().ordinal();
-        let (in_ptr, _read) = input.device_ptr(stream);
-        let (out_ptr, _write) = output.device_ptr_mut(stream);
+        let book = self.bookkeeping(stream)?;
+        let (in_ptr, read) = input.device_ptr(book);
+        let (out_ptr, write) = output.device_ptr_mut(book);
+        let _records = self.settle(book, stream, (read, write))?;
         call(&Buffers {
             input: in_ptr,
             output: out_ptr,
@@ -281,26 +285,26 @@ impl Communicator {
             Target::Kernel(kernel, plan) => {
                 self.placement(b, true)?;
                 let peer = self.peer()?;
-                self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
-                self.order_after_previous_call(stream)?;
-                if kernel == Kernel::AllGatherLowLatency {
-                    let chunk = counts.clone().nth(self.rank).unwrap_or(0);
-                    peer.launch_gather_low_latency(plan, b.input, b.output, chunk, stream)
-                } else {
-                    peer.launch_gather(plan, b.input, b.output, counts, stream)
-                }
+                self.ordered(stream, || {
+                    if kernel == Kernel::AllGatherLowLatency {
+                        let chunk = counts.clone().nth(self.rank).unwrap_or(0);
+                        peer.launch_gather_low_latency(plan, b.input, b.output, chunk, stream)
+                    } else {
+                        peer.launch_gather(plan, b.input, b.output, counts, stream)
+                    }
+                })
             }
             Target::Nccl => {
                 self.placement(b, false)?;
-                self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
-                self.order_after_previous_call(stream)?;
                 let nccl = self.nccl()?;
-                if shape.collective == Collective::AllGatherV {
-                    nccl.all_gather_v_bytes(b.input, b.output, counts, self.rank, stream)
-                } else {
-                    let chunk = counts.clone().nth(self.rank).unwrap_or(0);
-                    nccl.all_gather_bytes(b.input, b.output, chunk, self.world, stream)
-                }
+                self.ordered(stream, || {
+                    if shape.collective == Collective::AllGatherV {
+                        nccl.all_gather_v_bytes(b.input, b.output, counts, self.rank, stream)
+                    } else {
+                        let chunk = counts.clone().nth(self.rank).unwrap_or(0);
+                        nccl.all_gather_bytes(b.input, b.output, chunk, self.world, stream)
+                    }
+                })
             }
         }
     }

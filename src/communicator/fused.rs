@@ -109,18 +109,19 @@ impl Communicator {
                 T::DTYPE
             )
         });
-        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
-        self.order_after_previous_call(stream)?;
         match route.target {
-            Target::Kernel(kernel, plan) => peer.launch_norm(kernel, plan, T::DTYPE, &norm, stream),
+            Target::Kernel(kernel, plan) => {
+                self.ordered(stream, || peer.launch_norm(kernel, plan, T::DTYPE, &norm, stream))
+            }
             Target::Nccl => {
-                self.nccl()?
-                    .all_reduce::<T>(in_ptr, out_ptr, tokens * hidden, stream)?;
+                let nccl = self.nccl()?;
+                self.ordered(stream, || nccl.all_reduce::<T>(in_ptr, out_ptr, tokens * hidden, stream))?;
                 let sums = NormArgs {
                     input: out_ptr,
                     ..norm
                 };
                 let plan = grid(Kernel::RmsNorm, tokens, T::DTYPE, self.world, self.limits);
+                self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
                 peer.launch_norm(Kernel::RmsNorm, plan, T::DTYPE, &sums, stream)
             }
         }

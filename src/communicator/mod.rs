@@ -6,12 +6,12 @@ mod call;
 mod collectives;
 mod fused;
 mod local_group;
+mod order;
 mod pool;
 
 pub use pool::SymmetricTensor;
 
-use std::cell::RefCell;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
 
@@ -60,13 +60,11 @@ enum Paths {
 
 /// One rank of an all-reduce group.
 ///
-/// A communicator is `Send` but not `Sync`: it can move to another thread, but two threads
-/// can never drive one rank at the same time (the compiler refuses to share it):
-///
-/// ```compile_fail
-/// fn shared_between_threads<T: Sync>() {}
-/// shared_between_threads::<symm_allreduce::Communicator>();
-/// ```
+/// A communicator is `Send` and `Sync`: it can be shared between threads (candle's custom ops
+/// and Python bindings need that). Its calls are serialised by an internal lock, so two
+/// threads calling at once each get a whole call; but the *order* of calls is part of the
+/// contract between ranks (every rank makes the same sequence of calls), so calls of one rank
+/// from several threads must still come in an order every rank agrees on.
 ///
 /// Every call is asynchronous on the stream it is given. Calls that the peer kernels take
 /// are CUDA-graph capturable: no allocation, no host synchronisation and no driver call other
@@ -89,18 +87,11 @@ pub struct Communicator {
     config: Config,
     topology: Topology,
     /// The failure that made the communicator unusable.
-    poisoned: RefCell<Option<Error>>,
-    /// The stream of the last call, to order a call on another stream after it.
-    order: RefCell<StreamOrder>,
+    poisoned: Mutex<Option<Error>>,
+    /// Orders every call after the previous one, across streams, captures and replays.
+    order: Mutex<order::StreamOrder>,
     /// cudarc's bookkeeping under capture.
     shadow: Shadow,
-}
-
-/// The last call's stream and the event that orders the next call after it.
-#[derive(Debug)]
-struct StreamOrder {
-    last: Option<Arc<CudaStream>>,
-    event: CudaEvent,
 }
 
 /// Where cudarc's event bookkeeping of a call's buffers runs while the caller's stream is
@@ -193,6 +184,10 @@ impl Communicator {
             .ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
             .during("cuEventCreate")?;
+        let scratch = s
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .during("cuEventCreate")?;
         let join = s
             .ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
@@ -207,7 +202,7 @@ impl Communicator {
             Paths::NcclOnly { .. } => None,
         };
         let comm = Communicator {
-            order: RefCell::new(StreamOrder { last: None, event }),
+            order: Mutex::new(order::StreamOrder::new(event, scratch)),
             shadow: Shadow { stream: shadow, join },
             paths,
             pool,
@@ -218,7 +213,7 @@ impl Communicator {
             layout: s.layout,
             config: s.config,
             topology: s.topology,
-            poisoned: RefCell::new(None),
+            poisoned: Mutex::new(None),
         };
         if std::env::var(LOG_ENV).is_ok_and(|v| !v.is_empty() && v != "0") {
             use std::io::Write;
@@ -366,10 +361,7 @@ impl Communicator {
     /// but a peer still inside a multimem kernel may then write into memory that is no longer
     /// bound (docs/multicast.md). Without multicast this is a synchronise, a vote and a drop.
     pub fn close(mut self, bootstrap: &dyn crate::bootstrap::Bootstrap) -> Result<()> {
-        let synced = match self.order.get_mut().last.take() {
-            Some(last) => last.synchronize().during("cuStreamSynchronize"),
-            None => Ok(()),
-        };
+        let synced = lock(&self.order).wait_for_all().during("cuStreamSynchronize");
         let mapping = match &mut self.paths {
             Paths::Peer { peer, .. } => peer.take_multicast(),
             Paths::NcclOnly { .. } => None,
@@ -489,15 +481,19 @@ impl Communicator {
     }
 }
 
+/// Locks one of the communicator's mutexes. A panic while it was held (only a bug can cause
+/// one: nothing on the call path panics) leaves plain state behind; keep using it.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 impl Drop for Communicator {
     fn drop(&mut self) {
         // This communicator's kernels may still read or signal through its mappings: wait for
         // its own last call (every earlier call is ordered before it, whatever its stream),
         // not for the whole context, which may hold other groups' work. A peer stuck in a
         // barrier is bounded by the timeout. Errors cannot be reported from Drop.
-        if let Some(last) = self.order.get_mut().last.take() {
-            let _ = last.synchronize();
-        }
+        let _ = lock(&self.order).wait_for_all();
     }
 }
 
@@ -506,9 +502,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn communicator_is_send_but_not_sync() {
-        fn assert_send<T: Send>() {}
-        assert_send::<Communicator>();
-        // Not Sync: checked by the compile_fail doc test on `Communicator`.
+    fn communicator_is_send_and_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Communicator>();
     }
 }

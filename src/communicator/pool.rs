@@ -45,22 +45,10 @@ impl Pool {
         }))
     }
 
-    pub(crate) fn id(&self) -> u64 {
-        self.id
-    }
-
     fn lock(&self) -> MutexGuard<'_, Allocator> {
         // A panic while holding the lock cannot leave the allocator half-updated in a way
         // that matters more than losing the pool: keep going with its state.
         self.allocator.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The zero-copy tag of `bytes` bytes at this rank's address `addr`, if they lie inside
-    /// one live allocation of this pool (no allocation, no CUDA call).
-    pub(crate) fn tag_of(&self, addr: u64, bytes: usize) -> Option<u64> {
-        let offset = usize::try_from(addr.checked_sub(self.base)?).ok()?;
-        let region = self.lock().find(offset, bytes)?;
-        Some(tag(&region, offset - region.offset, bytes))
     }
 }
 
@@ -212,13 +200,18 @@ impl Communicator {
         }
     }
 
-    /// The pool tag of a zero-copy call on `bytes` bytes at `addr`, when they lie in one live
-    /// buffer of this communicator's pool and are 16-byte aligned (the zero-copy kernel moves
-    /// 16-byte packs); `None` otherwise (the call then takes the copy-in path).
-    pub(crate) fn zero_copy_tag(&self, addr: u64, bytes: usize) -> Option<u64> {
-        if addr % 16 != 0 {
-            return None;
+    /// The pool tag of a zero-copy call on the whole of `tensor` (kernels/pool.cuh: the same
+    /// on every rank when every rank made the same sequence of pool allocations), or
+    /// [`Error::ForeignPoolBuffer`] for another communicator's buffer.
+    pub(crate) fn pool_tag<T>(&self, tensor: &SymmetricTensor<T>) -> Result<u64> {
+        let pool = self.pool()?;
+        if tensor.pool.id != pool.id {
+            return Err(Error::ForeignPoolBuffer {
+                expected: pool.id,
+                found: tensor.pool.id,
+            });
         }
-        self.pool.as_ref()?.tag_of(addr, bytes)
+        let bytes = std::mem::size_of::<T>() * tensor.len;
+        Ok(tag(&tensor.region, 0, bytes))
     }
 }

@@ -20,6 +20,9 @@ pub(crate) struct ErrorWord {
 // SAFETY: the pointer is to pinned host memory owned by this value; reads and writes go
 // through volatile accesses of a plain u32, valid from any thread.
 unsafe impl Send for ErrorWord {}
+// SAFETY: as above: every access is a volatile access of a plain u32/u64 in pinned memory;
+// concurrent readers see either value, which the callers treat as a snapshot.
+unsafe impl Sync for ErrorWord {}
 
 impl ErrorWord {
     /// Allocates a zeroed word. The caller's context must be current.

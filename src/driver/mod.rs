@@ -3,6 +3,7 @@
 //! NVTX shim. With `nccl/library.rs` and `kernels/launch.rs`, the only places of the crate
 //! that call C (a CPU test, `tests/house.rs`, checks it).
 
+pub(crate) mod graph;
 pub(crate) mod host;
 pub(crate) mod multicast;
 pub(crate) mod nvml;

@@ -19,8 +19,12 @@ pub(crate) struct RawComm {
 }
 
 // SAFETY: an NCCL communicator may be used from any thread as long as it is not used by two
-// at once; RawComm lives inside a Communicator, which is not Sync.
+// at once: every collective on it is enqueued under the owning Communicator's order lock
+// (`Communicator::ordered`), and the only other call on a shared reference,
+// `ncclCommGetAsyncError`, is a query NCCL allows from any thread at any time.
 unsafe impl Send for RawComm {}
+// SAFETY: see `Send` above.
+unsafe impl Sync for RawComm {}
 
 impl std::fmt::Debug for RawComm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -194,9 +198,13 @@ impl Drop for RawComm {
 pub(crate) struct OwnedNcclComm(Option<Comm>);
 
 // SAFETY: cudarc's Comm is !Send only because it holds a raw pointer. NCCL allows a
-// communicator to move between threads as long as two threads never use it at once, and the
-// Communicator that owns this is not Sync, so every use is from one thread at a time.
+// communicator to move between threads as long as two threads never use it at once: every
+// collective on it is enqueued under the owning Communicator's order lock
+// (`Communicator::ordered`); the other uses through a shared reference are queries (rank,
+// world size, the async error) that NCCL allows from any thread.
 unsafe impl Send for OwnedNcclComm {}
+// SAFETY: see `Send` above.
+unsafe impl Sync for OwnedNcclComm {}
 
 impl std::fmt::Debug for OwnedNcclComm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

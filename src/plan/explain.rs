@@ -635,14 +635,25 @@ mod tests {
     }
 
     #[test]
-    fn pool_calls_are_zero_copy_at_any_size_unless_nccl_is_configured() {
+    fn pool_calls_are_zero_copy_above_the_low_latency_range_unless_nccl_is_configured() {
         let c = Config {
             capacity_bytes: 1 << 20,
             nccl_above_bytes: Some(1 << 10),
             ..Config::default()
         };
         let f = facts(Ok(()), Ok(()));
-        for len in [1usize, 100, 1 << 20, 64 << 20] {
+        // In the low-latency range the low-latency kernel (it copies nothing in), in place or
+        // not, whatever the NCCL threshold above it.
+        for kind in [CallKind::Pool, CallKind::PoolInput] {
+            for len in [1usize, 100, 16 << 10] {
+                let r = route(kind, len, DType::BF16, &c, Algorithm::Auto, f).unwrap();
+                assert!(
+                    matches!(r.target, Target::Kernel(crate::kernels::registry::Kernel::LowLatency, _)),
+                    "{kind:?} {len}: {r:?}"
+                );
+            }
+        }
+        for len in [(16 << 10) + 1, 1 << 20, 64 << 20] {
             let r = route(CallKind::Pool, len, DType::BF16, &c, Algorithm::Auto, f).unwrap();
             assert!(matches!(
                 r.target,
@@ -670,7 +681,7 @@ mod tests {
         assert_eq!(r.target, Target::Nccl);
         // Out of place from a pool buffer: the zero-copy two-shot up to the capacity, then
         // what an ordinary buffer gets (here NCCL, above the capacity with a fallback).
-        for len in [1usize, 1000, 1 << 19] {
+        for len in [(16usize << 10) + 1, 100_000, 1 << 19] {
             let r = route(CallKind::PoolInput, len, DType::BF16, &c, Algorithm::Auto, f).unwrap();
             assert!(matches!(
                 r.target,

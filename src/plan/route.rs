@@ -15,12 +15,14 @@ pub(crate) enum CallKind {
     Buffers,
     /// The symmetric buffer itself: the zero-copy in-place two-shot kernel.
     Symmetric,
-    /// A buffer of the communicator's symmetric pool, reduced in place (the caller checked
-    /// that it lies in one pool buffer and is 16-byte aligned): zero-copy, not bounded by
-    /// `capacity_bytes` or `nccl_above_bytes` (the data never passes the workspace).
+    /// A buffer of the communicator's symmetric pool, reduced in place
+    /// (`all_reduce_pool`: the API call, the same on every rank, says so; never a pointer
+    /// test): zero-copy above the low-latency range, not bounded by `capacity_bytes` or
+    /// `nccl_above_bytes` (the data never passes the workspace).
     Pool,
-    /// Out of place from a pool buffer (checked by the caller as for `Pool`): the zero-copy
-    /// two-shot, whose reduced slices pass the data buffers, so up to `capacity_bytes`.
+    /// Out of place from a pool buffer (`all_reduce_from_pool`): the zero-copy two-shot above
+    /// the low-latency range, whose reduced slices pass the data buffers, so up to
+    /// `capacity_bytes`.
     PoolInput,
 }
 
@@ -161,6 +163,15 @@ pub(crate) fn route(
             }),
         };
     }
+    // The low-latency kernel copies nothing in anyway: pool calls in its range take it (in
+    // place too), as ordinary buffers do; above it the zero-copy kernels read the pool.
+    let low_latency_first = requested == Algorithm::Auto
+        && matches!(config.algorithm, Algorithm::Auto | Algorithm::Multimem)
+        && bytes <= config.thresholds(dtype, facts.world).low_latency_max;
+    let kind = match kind {
+        CallKind::Pool | CallKind::PoolInput if low_latency_first => CallKind::Buffers,
+        other => other,
+    };
     let zero_copy = match kind {
         CallKind::Pool => Some((Kernel::InPlace, Rule::Pool)),
         CallKind::PoolInput if bytes <= config.capacity_bytes => Some((Kernel::PoolTwoShot, Rule::PoolInput)),

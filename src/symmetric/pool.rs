@@ -106,13 +106,6 @@ impl Allocator {
         }
     }
 
-    /// The live region that holds `[offset, offset + bytes)` entirely (no allocation).
-    pub(crate) fn find(&self, offset: usize, bytes: usize) -> Option<Region> {
-        let at = self.live.partition_point(|r| r.offset <= offset);
-        let r = *self.live.get(at.checked_sub(1)?)?;
-        (offset + bytes <= r.offset + r.bytes).then_some(r)
-    }
-
     #[cfg(test)]
     pub(crate) fn capacity(&self) -> usize {
         self.capacity
@@ -255,21 +248,6 @@ mod tests {
             empty.alloc(1, 0),
             Err(Error::PoolExhausted { capacity: 0, .. })
         ));
-    }
-
-    #[test]
-    fn find_locates_views_inside_live_regions_only() {
-        let mut a = Allocator::new(4096);
-        let r0 = a.alloc(512, 0).unwrap();
-        let r1 = a.alloc(1024, 0).unwrap();
-        assert_eq!(a.find(0, 512), Some(r0));
-        assert_eq!(a.find(100, 12), Some(r0));
-        assert_eq!(a.find(512, 1024), Some(r1));
-        assert_eq!(a.find(600, 900), Some(r1));
-        assert_eq!(a.find(500, 24), None, "spans two regions");
-        assert_eq!(a.find(1536, 16), None, "free space");
-        a.free(r0.offset);
-        assert_eq!(a.find(0, 16), None);
     }
 
     #[test]

@@ -1,0 +1,188 @@
+//! One order for every call of a rank, whatever mix of streams, captures and graph replays
+//! they come in: two kernels of one communicator never run at once, and they run in the
+//! order the calls were made (eager calls) or the graphs were launched (captured calls).
+//!
+//! Why it matters: a kernel takes its epoch from the call state in device memory when it
+//! starts. Two kernels of one rank running at once would take the same epoch, and the ranks
+//! would pair different calls.
+//!
+//! The mechanism is one event per communicator, `serial`, that always marks the end of the
+//! communicator's most recently *enqueued* call:
+//! - An eager call waits for `serial` on its stream and records it after its launch.
+//! - A captured call puts the same into its graph: the first call of a capture adds an
+//!   event-wait node for `serial` in front of it (the external flag: the wait happens at each
+//!   launch of the graph, for whatever `serial` marks then), and a record node of `serial`
+//!   hangs off the capture's newest call. Later calls of the same capture are ordered after
+//!   the first by the capture itself; the record node is moved to depend on each new call, so
+//!   it is always the graph's last call of this communicator. The record node is off the
+//!   capture's frontier, so consecutive calls in a graph stay adjacent kernel nodes
+//!   (Programmatic Dependent Launch keeps working between them).
+//! - Until the first capture, eager calls skip all of this while they stay on one stream, and
+//!   order a switch of streams with the event (recorded on the old stream, waited for by the
+//!   new one): the single-stream eager path costs no driver call.
+//!
+//! This is what NCCL does for its calls mixed with graphs (`NCCL_GRAPH_MIXING_SUPPORT`),
+//! except that NCCL chains a record node after every captured call.
+
+use std::sync::Arc;
+
+use cudarc::driver::{sys, CudaEvent, CudaStream};
+
+use crate::driver::graph::{self, Capture};
+use crate::error::{Error, Result};
+
+/// The ordering state of one communicator (behind its mutex: one call at a time).
+#[derive(Debug)]
+pub(super) struct StreamOrder {
+    /// The stream of the last eager call (the one `Drop` waits for).
+    last: Option<Arc<CudaStream>>,
+    /// Marks the end of the most recently enqueued call, once `mixing`.
+    serial: CudaEvent,
+    /// Joins two streams of one capture.
+    scratch: CudaEvent,
+    /// Set by the first captured call: from then on every call waits for and records `serial`.
+    mixing: bool,
+    /// The captures in progress that hold calls of this communicator.
+    captures: Vec<CaptureTail>,
+}
+
+/// The last call of one capture in progress and the record node that follows it.
+#[derive(Debug)]
+struct CaptureTail {
+    id: u64,
+    graph: GraphHandles,
+    stream: Arc<CudaStream>,
+    record: NodeHandle,
+    after: Vec<NodeHandle>,
+}
+
+/// A graph handle kept between calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct GraphHandles(sys::CUgraph);
+/// A graph node handle kept between calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct NodeHandle(sys::CUgraphNode);
+
+// SAFETY: graph and node handles are opaque driver handles, valid on any thread that has the
+// context current (every use binds it first); the communicator's mutex serialises their use.
+unsafe impl Send for GraphHandles {}
+// SAFETY: as above.
+unsafe impl Send for NodeHandle {}
+
+fn handles(nodes: &[sys::CUgraphNode]) -> Vec<NodeHandle> {
+    nodes.iter().copied().map(NodeHandle).collect()
+}
+
+fn raw(nodes: &[NodeHandle]) -> Vec<sys::CUgraphNode> {
+    nodes.iter().map(|n| n.0).collect()
+}
+
+impl StreamOrder {
+    pub(super) fn new(serial: CudaEvent, scratch: CudaEvent) -> StreamOrder {
+        StreamOrder {
+            last: None,
+            serial,
+            scratch,
+            mixing: false,
+            captures: Vec::new(),
+        }
+    }
+
+    /// Runs `launch` (which enqueues exactly one call of the communicator on `stream`) in the
+    /// communicator's order. The context is bound to this thread.
+    pub(super) fn run(&mut self, stream: &Arc<CudaStream>, launch: impl FnOnce() -> Result<()>) -> Result<()> {
+        match graph::capture_of(stream.cu_stream())? {
+            Capture::None => self.eager(stream, launch),
+            Capture::Active { id, graph } => self.captured(stream, id, GraphHandles(graph), launch),
+            // The capture is already broken: the launch reports it (CUDA refuses it).
+            Capture::Invalidated => launch(),
+        }
+    }
+
+    fn eager(&mut self, stream: &Arc<CudaStream>, launch: impl FnOnce() -> Result<()>) -> Result<()> {
+        let order = |e: cudarc::driver::DriverError| Error::StreamOrder { source: e };
+        if self.mixing {
+            stream.wait(&self.serial).map_err(order)?;
+            launch()?;
+            self.serial.record(stream).map_err(order)?;
+        } else {
+            if let Some(last) = self.last.as_ref().filter(|l| l.cu_stream() != stream.cu_stream()) {
+                self.serial.record(last).map_err(order)?;
+                stream.wait(&self.serial).map_err(order)?;
+            }
+            launch()?;
+        }
+        self.last = Some(stream.clone());
+        Ok(())
+    }
+
+    fn captured(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        id: u64,
+        graph: GraphHandles,
+        launch: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        self.forget_ended_captures()?;
+        let order = |e: cudarc::driver::DriverError| Error::StreamOrder { source: e };
+        if let Some(tail) = self.captures.iter_mut().find(|t| t.id == id) {
+            if tail.stream.cu_stream() != stream.cu_stream() {
+                // Another stream of the same capture: after the previous call in the graph.
+                self.scratch.record(&tail.stream).map_err(order)?;
+                stream.wait(&self.scratch).map_err(order)?;
+            }
+            launch()?;
+            let after = graph::capture_frontier(stream.cu_stream())?;
+            graph::move_dependencies(graph.0, tail.record.0, &raw(&tail.after), &after)?;
+            tail.after = handles(&after);
+            tail.stream = stream.clone();
+            return Ok(());
+        }
+        if !self.mixing {
+            // From now on `serial` marks every call; mark the last eager one.
+            if let Some(last) = &self.last {
+                self.serial.record(last).map_err(order)?;
+            }
+            self.mixing = true;
+        }
+        graph::wait_external(stream.cu_stream(), self.serial.cu_event())?;
+        launch()?;
+        let after = graph::capture_frontier(stream.cu_stream())?;
+        let record = graph::add_record_node(graph.0, &after, self.serial.cu_event())?;
+        self.captures.push(CaptureTail {
+            id,
+            graph,
+            stream: stream.clone(),
+            record: NodeHandle(record),
+            after: handles(&after),
+        });
+        Ok(())
+    }
+
+    /// Drops the tails of captures that have ended (their stream no longer captures under
+    /// the same id): their graphs belong to the application now.
+    fn forget_ended_captures(&mut self) -> Result<()> {
+        let mut i = 0;
+        while i < self.captures.len() {
+            let tail = &self.captures[i];
+            let ongoing = matches!(
+                graph::capture_of(tail.stream.cu_stream())?,
+                Capture::Active { id, graph } if id == tail.id && GraphHandles(graph) == tail.graph
+            );
+            if ongoing {
+                i += 1;
+            } else {
+                self.captures.swap_remove(i);
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until every call enqueued so far (eager, or in a graph launched so far) has
+    /// completed; the first failure is returned, after both waits.
+    pub(super) fn wait_for_all(&mut self) -> std::result::Result<(), cudarc::driver::DriverError> {
+        let serial = if self.mixing { self.serial.synchronize() } else { Ok(()) };
+        let last = self.last.take().map_or(Ok(()), |last| last.synchronize());
+        serial.and(last)
+    }
+}

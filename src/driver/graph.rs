@@ -1,0 +1,129 @@
+//! Stream capture and graph nodes: what the communicator needs to order its calls across
+//! eager launches, captures and graph replays (`communicator/order.rs`). Each function is one
+//! or two driver calls; the caller owns the event and the stream.
+
+use cudarc::driver::sys;
+
+use super::check;
+use crate::error::Result;
+
+/// What a stream is doing, as far as capture goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Capture {
+    /// Not capturing: work runs when the stream reaches it.
+    None,
+    /// Capturing into `graph` (capture sequence `id`, unique for the process's lifetime).
+    Active { id: u64, graph: sys::CUgraph },
+    /// A capture that was invalidated (an illegal operation during it); it can only end.
+    Invalidated,
+}
+
+/// The capture state of `stream` (one `cuStreamGetCaptureInfo`).
+pub(crate) fn capture_of(stream: sys::CUstream) -> Result<Capture> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id: sys::cuuint64_t = 0;
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: `stream` is a live stream of the caller's context (bound to this thread); the
+    // out-pointers are valid locals; the dependency outputs are not asked for (null).
+    let code = unsafe {
+        sys::cuStreamGetCaptureInfo_v3(
+            stream,
+            &mut status,
+            &mut id,
+            &mut graph,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    };
+    check(code, "cuStreamGetCaptureInfo")?;
+    Ok(match status {
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Capture::None,
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => Capture::Active { id, graph },
+        _ => Capture::Invalidated,
+    })
+}
+
+/// The nodes the next work captured on `stream` would depend on (its capture frontier),
+/// copied out (the driver's array is valid only until the next capture call).
+pub(crate) fn capture_frontier(stream: sys::CUstream) -> Result<Vec<sys::CUgraphNode>> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut nodes: *const sys::CUgraphNode = std::ptr::null();
+    let mut edges: *const sys::CUgraphEdgeData = std::ptr::null();
+    let mut count = 0usize;
+    // SAFETY: as in `capture_of`; asking for the edge data too means the query is never
+    // refused as lossy (programmatic edges carry data).
+    let code = unsafe {
+        sys::cuStreamGetCaptureInfo_v3(
+            stream,
+            &mut status,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &mut nodes,
+            &mut edges,
+            &mut count,
+        )
+    };
+    check(code, "cuStreamGetCaptureInfo")?;
+    if nodes.is_null() || count == 0 {
+        return Ok(Vec::new());
+    }
+    // SAFETY: the driver returned `count` valid node handles at `nodes`, readable until the
+    // next capture operation on `stream`; they are copied now.
+    Ok(unsafe { std::slice::from_raw_parts(nodes, count) }.to_vec())
+}
+
+/// Makes `stream`, which is being captured, wait for `event` *when the graph runs*: an
+/// event-wait node (the external flag), which at each launch waits for the work the event
+/// last recorded before that launch.
+pub(crate) fn wait_external(stream: sys::CUstream, event: sys::CUevent) -> Result<()> {
+    // SAFETY: a live capturing stream and a live event of the same context.
+    let code = unsafe {
+        sys::cuStreamWaitEvent(
+            stream,
+            event,
+            sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL as std::ffi::c_uint,
+        )
+    };
+    check(code, "cuStreamWaitEvent(external)")
+}
+
+/// Adds to `graph` (being captured) a node that records `event` after `deps`, outside the
+/// capture's frontier: later captured work does not wait for it.
+pub(crate) fn add_record_node(
+    graph: sys::CUgraph,
+    deps: &[sys::CUgraphNode],
+    event: sys::CUevent,
+) -> Result<sys::CUgraphNode> {
+    let mut node: sys::CUgraphNode = std::ptr::null_mut();
+    // SAFETY: `graph` is the graph of an active capture (adding nodes is allowed while it is
+    // captured); `deps` are nodes of that graph; `event` is live.
+    let code = unsafe { sys::cuGraphAddEventRecordNode(&mut node, graph, deps.as_ptr(), deps.len(), event) };
+    check(code, "cuGraphAddEventRecordNode")?;
+    Ok(node)
+}
+
+/// Moves `node`'s dependencies from `old` to `new` (full, default edges).
+pub(crate) fn move_dependencies(
+    graph: sys::CUgraph,
+    node: sys::CUgraphNode,
+    old: &[sys::CUgraphNode],
+    new: &[sys::CUgraphNode],
+) -> Result<()> {
+    for (nodes, add) in [(old, false), (new, true)] {
+        for from in nodes {
+            // SAFETY: `graph` is being captured (edge changes are allowed; node removal is
+            // not, and none happens); `from` and `node` are nodes of it; null edge data means
+            // a default (full) dependency.
+            let code = unsafe {
+                if add {
+                    sys::cuGraphAddDependencies_v2(graph, from, &node, std::ptr::null(), 1)
+                } else {
+                    sys::cuGraphRemoveDependencies_v2(graph, from, &node, std::ptr::null(), 1)
+                }
+            };
+            check(code, if add { "cuGraphAddDependencies" } else { "cuGraphRemoveDependencies" })?;
+        }
+    }
+    Ok(())
+}
