@@ -638,7 +638,7 @@ mod tests {
     fn pool_calls_are_zero_copy_above_the_low_latency_range_unless_nccl_is_configured() {
         let c = Config {
             capacity_bytes: 1 << 20,
-            nccl_above_bytes: Some(1 << 10),
+            nccl_above_bytes: Some(64 << 10),
             ..Config::default()
         };
         let f = facts(Ok(()), Ok(()));
@@ -653,7 +653,7 @@ mod tests {
                 );
             }
         }
-        for len in [(16 << 10) + 1, 1 << 20, 64 << 20] {
+        for len in [(16usize << 10) + 1, 1 << 20, 64 << 20] {
             let r = route(CallKind::Pool, len, DType::BF16, &c, Algorithm::Auto, f).unwrap();
             assert!(matches!(
                 r.target,
