@@ -38,9 +38,21 @@ struct SymmArgs {
     // The multicast address of every rank's bound allocation (kernels/multimem.cuh), 0 when
     // no multicast object is set up. Only the multimem kernels read it.
     uint64_t mc_base;
+    // The call's identity (src/kernels/abi.rs `call_ident`): kernel << 11 | dtype << 9 |
+    // length mod 511, never 0 and below 2^16. Every barrier flag carries it beside the epoch
+    // (epoch << 16 | ident) and every low-latency block pushes it beside its data, so a rank
+    // that meets a flag or word of the same epoch from another kernel, dtype or length
+    // reports ERROR_DIVERGED instead of pairing with it.
+    uint32_t ident;
+    // FLAG_* bits.
+    uint32_t flags;
 };
 
-static_assert(sizeof(SymmArgs) == 120, "SymmArgs: ten u64, two u32, four u64, as in src/kernels/abi.rs");
+// `SymmArgs::flags`: trigger Programmatic Dependent Launch only when the kernel exits (its
+// output complete), for consumer kernels that read the output without `griddepcontrol.wait`.
+constexpr uint32_t FLAG_PDL_AT_EXIT = 1;
+
+static_assert(sizeof(SymmArgs) == 128, "SymmArgs: ten u64, two u32, four u64, two u32, as in src/kernels/abi.rs");
 static_assert(alignof(SymmArgs) == 8, "SymmArgs is 8-aligned");
 static_assert(offsetof(SymmArgs, ll_offset) == 48, "SymmArgs::ll_offset");
 static_assert(offsetof(SymmArgs, error) == 64, "SymmArgs::error");
@@ -51,6 +63,8 @@ static_assert(offsetof(SymmArgs, check_shape) == 88, "SymmArgs::check_shape");
 static_assert(offsetof(SymmArgs, check_len) == 96, "SymmArgs::check_len");
 static_assert(offsetof(SymmArgs, pool_tag) == 104, "SymmArgs::pool_tag");
 static_assert(offsetof(SymmArgs, mc_base) == 112, "SymmArgs::mc_base");
+static_assert(offsetof(SymmArgs, ident) == 120, "SymmArgs::ident");
+static_assert(offsetof(SymmArgs, flags) == 124, "SymmArgs::flags");
 
 constexpr uint32_t MAX_RANKS = 8;
 constexpr uint32_t MAX_BLOCKS = 64;
@@ -73,6 +87,20 @@ constexpr uint64_t CHECK_OFFSET = 65536;
 constexpr uint32_t ERROR_POOL_MISMATCH = 4;
 // The last POOL_TAG_BYTES of every rank's allocation hold the pool tags, [parity 2] of u64.
 constexpr uint32_t POOL_TAG_BYTES = 256;
+
+// Epochs must stay below 2^EPOCH_BITS: a barrier flag is epoch << IDENT_BITS | ident. At 20 000
+// calls a second that is 446 years; a kernel whose epoch reaches it refuses the call with
+// ERROR_EPOCHS_EXHAUSTED (create a new communicator) rather than let a flag wrap.
+constexpr uint32_t IDENT_BITS = 16;
+constexpr uint32_t EPOCH_BITS = 48;
+constexpr uint32_t ERROR_EPOCHS_EXHAUSTED = 5;
+// Divergence records whose shape word has this bit were found by a barrier flag or a
+// low-latency identity word (the shape word is then the ident), not by the divergence check.
+constexpr uint64_t RECORD_IDENT = 1ull << 63;
+// The low-latency identity words: [buffer LL_BUFFERS][block MAX_BLOCKS][source rank MAX_RANKS]
+// of u32 at this offset of every rank's allocation (src/symmetric/mod.rs LL_IDENT_OFFSET),
+// all ones ("not yet arrived") between calls, like the low-latency slots.
+constexpr uint64_t LL_IDENT_OFFSET = 98304;
 
 // Barrier phases, as reported in the error word (src/error.rs BarrierPhase).
 enum Phase : uint32_t { PHASE_START = 0, PHASE_MIDDLE = 1, PHASE_END = 2, PHASE_ARRIVAL = 3, PHASE_CHECK = 4 };

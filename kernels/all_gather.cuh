@@ -62,12 +62,6 @@ __device__ __forceinline__ void store_pack_at(char* dst, uint4 v, uint32_t align
     }
 }
 
-__device__ __forceinline__ void report_error(const SymmArgs& a, uint32_t code) {
-    volatile uint32_t* err = reinterpret_cast<volatile uint32_t*>(a.error);
-    *err = code;
-    __threadfence_system();
-}
-
 // Rank q's chunk of c.bytes[q] bytes lands at byte sum(c.bytes[0..q]) of `out`.
 __device__ __forceinline__ void all_gather_bytes(const char* in, char* out, const GatherCounts& c,
                                                  const SymmArgs& a) {
@@ -133,7 +127,7 @@ __device__ __forceinline__ void all_gather_bytes(const char* in, char* out, cons
             // Every block compared the same slots: block 0 alone reports, so the host, which
             // clears the code once it has reported it, never sees a late duplicate.
             if (blockIdx.x == 0 && threadIdx.x == 0)
-                report_error(a, ERROR_COUNTS_MISMATCH | (PHASE_START << 8) | (disagreeing << 16));
+                note_error(a, ERROR_COUNTS_MISMATCH | (PHASE_START << 8) | (disagreeing << 16));
         } else {
             const char* rank0 = data_buffer(a, 0, parity);
             for (uint64_t i = loop.first; i < max_packs; i += loop.step) {

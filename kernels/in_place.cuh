@@ -39,7 +39,7 @@ __device__ __forceinline__ void in_place(const T* buf, uint64_t n, const SymmArg
         if (has_tail) tail = coll.template load_reduce_element<T>(tail_index);
         ok = coll.barrier(PHASE_END, epoch);
     }
-    if (ok) pdl_launch_dependents();
+    if (ok) pdl_trigger(a);
     if (ok && has_tail) reinterpret_cast<T*>(coll.buffer(a.rank))[tail_index] = Elem<T>::from_float(tail);
     end_call(a, epoch);
 }

@@ -31,7 +31,7 @@ __device__ __forceinline__ void one_shot(const T* in, T* out, uint64_t n, const 
     copy_tail_in(a, parity, in, n);
 
     if (coll.barrier_arrive(PHASE_START, epoch)) {
-        pdl_launch_dependents();
+        pdl_trigger(a);
         for (uint64_t i = loop.first; i < packs; i += loop.step)
             store_pack(out, i, coll.template load_reduce<T>(i), out_aligned);
         const uint64_t tail = packs * Elem<T>::PER_PACK + threadIdx.x;

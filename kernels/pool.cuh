@@ -43,9 +43,7 @@ __device__ __forceinline__ bool pool_agree(const SymmArgs& a, uint32_t parity) {
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         uint32_t peer = 0;
         while (peer < a.world && *pool_tag_slot(a, peer, parity) == a.pool_tag) ++peer;
-        volatile uint32_t* err = reinterpret_cast<volatile uint32_t*>(a.error);
-        *err = ERROR_POOL_MISMATCH | (peer << 16) | (a.rank << 24);
-        __threadfence_system();
+        note_error(a, ERROR_POOL_MISMATCH | (peer << 16) | (a.rank << 24));
     }
     return false;
 }

@@ -14,10 +14,12 @@
 //  * Blocks synchronise only with the same-index block of every peer, so block b must read
 //    exactly the elements that block b of each peer wrote before the barrier. Every kernel
 //    therefore uses one index pattern (`PackLoop`) for its copy-in, reduce and gather.
-//  * Slots hold 64-bit epochs that only grow and are compared with `>=`: a slot last written
-//    any number of calls ago holds a smaller epoch and never passes a wait; a fast peer that
-//    is already one barrier ahead never breaks a waiter. Epochs start at 1 and every slot is
-//    zeroed at setup, so nothing a previous communicator left can pass.
+//  * Slots hold 64-bit flags, epoch << 16 | the call's identity, that only grow and are
+//    compared with `>=` on the epoch: a slot last written any number of calls ago holds a
+//    smaller epoch and never passes a wait; a fast peer that is already one barrier ahead
+//    never breaks a waiter. Epochs start at 1 and stay below 2^48; every slot is zeroed at
+//    setup, so nothing a previous communicator left can pass. A flag of the same epoch with
+//    another identity (another kernel, dtype or length) fails the wait as ERROR_DIVERGED.
 #pragma once
 
 #include "check.cuh"
@@ -31,23 +33,56 @@ __device__ __forceinline__ uint64_t* signal_slot(const SymmArgs& a, uint32_t own
 }
 
 // Epoch of the call this grid runs (one more than the calls completed so far), or 0 if the
-// group is poisoned or the divergence check failed: then the kernel returns at once, without
-// touching its output or the workspace (epoch 0 would mean parity 0, which may be the buffer a
-// slow peer still reads for the previous call; tests/kernel_code.rs checks every kernel, and
-// nothing after `begin_call` checks the epoch again). Every thread reads its block's entry of
-// the call state itself (no block-wide broadcast, no grid-wide state); `pdl_wait` first, so
-// the previous kernel on the stream has completed; with the divergence check on, every peer's
-// call is compared first. Call it before touching any input, output or workspace.
+// group is poisoned, the divergence check failed or the epochs are exhausted: then the kernel
+// returns at once, without touching its output or the workspace (epoch 0 would mean parity 0,
+// which may be the buffer a slow peer still reads for the previous call; tests/kernel_code.rs
+// checks every kernel, and nothing after `begin_call` checks the epoch again). Every thread
+// reads its block's entry of the call state itself (no grid-wide state); a peer may poison the
+// entry while the block reads it, so the block decides together (`__syncthreads_or`): either
+// every thread of the block returns or none does. `pdl_wait` first, so the previous kernel on
+// the stream has completed; with the divergence check on, every peer's call is compared
+// first. Call it before touching any input, output or workspace.
 __device__ __forceinline__ uint64_t begin_call(const SymmArgs& a) {
     pdl_wait();
     const ulonglong2 s = ld_state_sys(block_state(a));
     const uint32_t poison = static_cast<uint32_t>(s.y);
-    if (poison != 0) {
-        if (blockIdx.x == 0 && threadIdx.x == 0) note_error(a, poison);
+    if (__syncthreads_or(poison != 0)) {
+        if (poison != 0) note_error(a, poison);
         return 0;
     }
-    if (a.check_shape != 0 && !check_call(a, s.x + 1)) return 0;
-    return s.x + 1;
+    const uint64_t epoch = s.x + 1;
+    if (epoch >> EPOCH_BITS) {
+        if (blockIdx.x == 0 && threadIdx.x == 0) note_error(a, ERROR_EPOCHS_EXHAUSTED | (a.rank << 24));
+        return 0;
+    }
+    if (a.check_shape != 0 && !check_call(a, epoch)) return 0;
+    return epoch;
+}
+
+// Lets the next kernel on the stream launch (Programmatic Dependent Launch) once this thread's
+// last cross-rank wait has passed; with FLAG_PDL_AT_EXIT the kernel leaves it to its exit,
+// when its output is complete (for consumers that do not call `griddepcontrol.wait`).
+__device__ __forceinline__ void pdl_trigger(const SymmArgs& a) {
+    if ((a.flags & FLAG_PDL_AT_EXIT) == 0) pdl_launch_dependents();
+}
+
+// A barrier flag of `peer` (or a low-latency identity word) carried another call's identity
+// for the same epoch: the two ranks run different kernels, dtypes or lengths. Reported as
+// ERROR_DIVERGED with both identities (the record follows the error word), and the group is
+// poisoned. Never paired: the wait fails on both ranks.
+__device__ __forceinline__ void report_ident_divergence(const SymmArgs& a, uint32_t phase, uint32_t peer,
+                                                        uint32_t peer_ident) {
+    volatile uint64_t* record = reinterpret_cast<volatile uint64_t*>(a.error + 8);
+    const uint32_t code = ERROR_DIVERGED | (phase << 8) | (peer << 16) | (a.rank << 24);
+    if (*reinterpret_cast<volatile uint32_t*>(a.error) == 0) {
+        record[0] = RECORD_IDENT | a.ident;
+        record[1] = a.check_len;
+        record[2] = RECORD_IDENT | peer_ident;
+        record[3] = 0;
+        __threadfence_system();
+    }
+    note_error(a, code);
+    poison_all(a, code);
 }
 
 // Publishes `epoch` as completed for the next launch, once every thread of this block has
@@ -86,19 +121,29 @@ __device__ __forceinline__ bool block_barrier_impl(const SymmArgs& a, uint32_t p
     int failed = 0;
     const uint32_t t = threadIdx.x;
     if (t < a.world) {
+        // The flag: the epoch beside the call's identity. A peer's flag of an earlier epoch
+        // is smaller, of a later one larger (it has passed this barrier, so it accepted this
+        // rank's flag: same identity); only the same epoch with another identity differs.
+        const uint64_t flag = epoch << IDENT_BITS | a.ident;
         uint64_t* theirs = signal_slot(a, t, phase, blockIdx.x, a.rank);
         if (releases) {
-            st_release_sys(theirs, epoch);
+            st_release_sys(theirs, flag);
         } else {
-            st_relaxed_sys(theirs, epoch);
+            st_relaxed_sys(theirs, flag);
         }
         const uint64_t* mine = signal_slot(a, a.rank, phase, blockIdx.x, t);
+        const uint64_t floor = epoch << IDENT_BITS;
         Deadline d;
-        while (ld_acquire_sys(mine) < epoch) {
+        uint64_t seen;
+        while ((seen = ld_acquire_sys(mine)) < floor) {
             if (!d.keep_waiting(a, phase, t)) {
                 failed = 1;
                 break;
             }
+        }
+        if (!failed && seen >> IDENT_BITS == epoch && static_cast<uint32_t>(seen & 0xffff) != a.ident) {
+            report_ident_divergence(a, phase, t, static_cast<uint32_t>(seen & 0xffff));
+            failed = 1;
         }
     } else if (arrives && t >= 32) {
         publish(a, epoch, 32);

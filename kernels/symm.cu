@@ -56,7 +56,7 @@ extern "C" __global__ void __launch_bounds__(symm::THREADS) symm_empty(const voi
 extern "C" __global__ void __launch_bounds__(symm::THREADS) symm_sync_floor(const void*, void*, uint64_t, SymmArgs a) {
     const uint64_t epoch = symm::begin_call(a);
     if (epoch == 0) return;
-    if (symm::flag_exchange(a, epoch)) symm::pdl_launch_dependents();
+    if (symm::flag_exchange(a, epoch)) symm::pdl_trigger(a);
 }
 
 // Test and benchmark helper: one thread spins for `ns` nanoseconds (a rank that is late).

@@ -10,11 +10,16 @@ namespace symm {
 // Polls between two reads of %globaltimer and of the poison word.
 constexpr uint32_t POLLS_PER_CHECK = 128;
 
-// Leaves `code` for the host in the error word (the first code stays).
-__device__ __forceinline__ void note_error(const SymmArgs& a, uint32_t code) {
+// Leaves `code` for the host in the error word; the first code stays. Every writer of the
+// error word goes through here. (The word is host memory, where a compare-and-swap is not
+// available on every system: two codes written in the same instant may leave either; both
+// are failures of the same call.) Returns whether this code was written.
+__device__ __forceinline__ bool note_error(const SymmArgs& a, uint32_t code) {
     volatile uint32_t* err = reinterpret_cast<volatile uint32_t*>(a.error);
-    if (*err == 0) *err = code;
+    const bool first = *err == 0;
+    if (first) *err = code;
     __threadfence_system();
+    return first;
 }
 
 // Writes `code` into the poison word of every block entry of every rank's call state (the

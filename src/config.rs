@@ -177,6 +177,15 @@ pub struct Config {
     /// kernel before it on the stream, and it waits (`griddepcontrol.wait`) for that kernel
     /// to complete before it touches any memory. `false`: plain launches.
     pub pdl: bool,
+    /// With PDL on, let the next kernel on the stream launch only when a collective kernel
+    /// exits (its output complete), instead of once its last wait on the peers has passed.
+    /// The default (`false`) overlaps the next kernel's launch with the end of the collective;
+    /// it is safe for every consumer that waits (`griddepcontrol.wait`, as every kernel of
+    /// this crate does) or that is launched without programmatic serialization (it then
+    /// starts after the collective completes anyway). Set it when the next kernel is launched
+    /// with programmatic serialization but reads the output without waiting (README,
+    /// "Inside a decode step").
+    pub pdl_at_exit: bool,
     /// Divergence check (a debugging aid, off by default; [`CHECK_ENV`]`=1` turns it on):
     /// before a kernel touches any
     /// data, every rank compares its call (length, dtype, algorithm, collective and call
@@ -251,6 +260,7 @@ impl Default for Config {
             nccl_above_bytes: None,
             peer_kernels: true,
             pdl: true,
+            pdl_at_exit: false,
             check_divergence: false,
             tuning: None,
             multicast: Multicast::Off,
@@ -531,6 +541,7 @@ impl Config {
             nccl_above_bytes,
             peer_kernels,
             pdl,
+            pdl_at_exit,
             check_divergence,
             tuning,
             multicast,
@@ -547,6 +558,7 @@ impl Config {
             .put(nccl_above_bytes)
             .put(peer_kernels)
             .put(pdl)
+            .put(pdl_at_exit)
             .put(check_divergence)
             .put(&(*multicast as u8))
             .put(reproducible)

@@ -340,6 +340,18 @@ pub enum Error {
         peer: usize,
     },
 
+    /// The communicator has made `calls` calls, the most its 48-bit epochs count (446 years
+    /// at 20 000 calls a second): the call was refused on every rank rather than let a
+    /// barrier flag wrap. Create a new communicator.
+    #[error(
+        "this communicator has made {calls} calls, the most its epochs count: the call was refused on every \
+         rank; create a new communicator"
+    )]
+    CallsExhausted {
+        /// Calls made.
+        calls: u64,
+    },
+
     /// A socket-store address without a launch secret (or with a malformed one).
     #[error(
         "the socket store address {address} {problem}: create it on the launcher with StoreAddress::unique \
@@ -454,7 +466,7 @@ mod tests {
     /// Number of `Error` variants; `variant` below matches them exhaustively, so a new
     /// variant does not compile until it gets an index here, and the test fails until
     /// `every_error` constructs it.
-    const VARIANTS: usize = 33;
+    const VARIANTS: usize = 34;
 
     /// A stable index per variant and the text its message must contain to say what to do
     /// (`None` where the message carries the cause only).
@@ -495,6 +507,7 @@ mod tests {
                 (31, Some("allocate it with this communicator's alloc_symmetric"))
             }
             Error::PoolMismatch { .. } => (32, Some("same sequence of alloc_symmetric calls")),
+            Error::CallsExhausted { .. } => (33, Some("create a new communicator")),
         }
     }
 
@@ -615,6 +628,7 @@ mod tests {
                 found: 2,
             },
             Error::PoolMismatch { rank: 0, peer: 3 },
+            Error::CallsExhausted { calls: (1 << 48) - 1 },
         ]
     }
 

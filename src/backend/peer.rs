@@ -11,8 +11,8 @@ use crate::driver::host::ErrorWord;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::abi::{
-    check_shape, fused_check_len, gather_check_len, SymmArgs, BLOCK_STATE_BYTES, MAX_BLOCKS,
-    THREADS_PER_BLOCK,
+    call_ident, check_shape, fused_check_len, gather_check_len, SymmArgs, BLOCK_STATE_BYTES,
+    FLAG_PDL_AT_EXIT, LL_IDENT_BYTES, LL_IDENT_OFFSET, MAX_BLOCKS, THREADS_PER_BLOCK,
 };
 use crate::kernels::coll::{self, GatherCounts};
 use crate::kernels::launch;
@@ -69,6 +69,8 @@ impl PeerBackend {
             check_len: 0,
             pool_tag: 0,
             mc_base: 0,
+            ident: 0,
+            flags: if config.pdl_at_exit { FLAG_PDL_AT_EXIT } else { 0 },
         };
         let pdl = config.pdl && kernels.supports_pdl();
         let check = config.check_divergence;
@@ -290,6 +292,7 @@ impl PeerBackend {
             check_shape: if self.check { check_shape(kernel, dtype) } else { 0 },
             check_len: len,
             pool_tag,
+            ident: call_ident(kernel, dtype, len),
             ..self.args
         }
     }
@@ -351,13 +354,18 @@ impl PeerBackend {
         (state, MAX_BLOCKS * BLOCK_STATE_BYTES)
     }
 
-    /// The device range of this rank's low-latency slots: (address, bytes).
-    pub(crate) fn low_latency_region(&self) -> (u64, usize) {
+    /// The device ranges of this rank's low-latency slots and identity words: (address,
+    /// bytes) each; both hold the all-ones sentinel between calls.
+    pub(crate) fn low_latency_regions(&self) -> [(u64, usize); 2] {
         let layout = self.layout();
-        (
-            self.workspace.base() + self.args.rank as u64 * self.args.stride + self.args.ll_offset,
-            layout.ll_bytes(self.args.world as usize),
-        )
+        let own = self.workspace.base() + self.args.rank as u64 * self.args.stride;
+        [
+            (
+                own + self.args.ll_offset,
+                layout.ll_bytes(self.args.world as usize),
+            ),
+            (own + LL_IDENT_OFFSET as u64, LL_IDENT_BYTES),
+        ]
     }
 
     fn launch_function(

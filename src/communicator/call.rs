@@ -329,24 +329,33 @@ impl Communicator {
             .collect())
     }
 
-    /// Test hook: whether every byte of this rank's low-latency slots holds the "not yet
-    /// arrived" sentinel (synchronises the context; call between calls).
+    /// Test hook: whether every byte of this rank's low-latency slots and identity words
+    /// holds the "not yet arrived" sentinel (synchronises the context; call between calls).
     #[doc(hidden)]
     pub fn __low_latency_slots_armed(&self) -> Result<bool> {
-        let (ptr, bytes) = self.peer()?.low_latency_region();
+        let regions = self.peer()?.low_latency_regions();
         self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
         self.ctx.synchronize().during("cuCtxSynchronize")?;
-        Ok(crate::driver::vmm::read(ptr, bytes)?.iter().all(|&b| b == 0xff))
+        for (ptr, bytes) in regions {
+            if !crate::driver::vmm::read(ptr, bytes)?.iter().all(|&b| b == 0xff) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
-    /// Test hook: overwrites every byte of this rank's low-latency slots with `byte`, as an
-    /// earlier communicator's lines would look (synchronous; call between calls).
+    /// Test hook: overwrites every byte of this rank's low-latency slots and identity words
+    /// with `byte`, as an earlier communicator's lines would look (synchronous; call between
+    /// calls).
     #[doc(hidden)]
     pub fn __scribble_low_latency_slots(&self, byte: u8) -> Result<()> {
-        let (ptr, bytes) = self.peer()?.low_latency_region();
+        let regions = self.peer()?.low_latency_regions();
         self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
         self.ctx.synchronize().during("cuCtxSynchronize")?;
-        crate::driver::vmm::fill(ptr, byte, bytes)
+        for (ptr, bytes) in regions {
+            crate::driver::vmm::fill(ptr, byte, bytes)?;
+        }
+        Ok(())
     }
 
     /// Waits for `stream` and reports a timeout any earlier call hit (and an error NCCL
@@ -445,7 +454,11 @@ impl Communicator {
     /// of calls: after the previous call, whatever streams, captures and graph replays they
     /// come in, and before the next (`order.rs`). Every launch of a group call goes through
     /// here; the context is bound first.
-    pub(super) fn ordered(&self, stream: &Arc<CudaStream>, launch: impl FnOnce() -> Result<()>) -> Result<()> {
+    pub(super) fn ordered(
+        &self,
+        stream: &Arc<CudaStream>,
+        launch: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
         self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
         super::lock(&self.order).run(stream, launch)
     }
@@ -471,7 +484,9 @@ impl Communicator {
             Target::Kernel(kernel, plan) => {
                 validate_placement(shape, self.device(), true)?;
                 let peer = self.peer()?;
-                self.ordered(stream, || peer.launch_tagged(kernel, plan, shape, pool_tag, stream))
+                self.ordered(stream, || {
+                    peer.launch_tagged(kernel, plan, shape, pool_tag, stream)
+                })
             }
             Target::Nccl => {
                 validate_placement(shape, self.device(), false)?;

@@ -115,7 +115,9 @@ impl Communicator {
             }
             Target::Nccl => {
                 let nccl = self.nccl()?;
-                self.ordered(stream, || nccl.all_reduce::<T>(in_ptr, out_ptr, tokens * hidden, stream))?;
+                self.ordered(stream, || {
+                    nccl.all_reduce::<T>(in_ptr, out_ptr, tokens * hidden, stream)
+                })?;
                 let sums = NormArgs {
                     input: out_ptr,
                     ..norm

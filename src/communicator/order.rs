@@ -90,7 +90,11 @@ impl StreamOrder {
 
     /// Runs `launch` (which enqueues exactly one call of the communicator on `stream`) in the
     /// communicator's order. The context is bound to this thread.
-    pub(super) fn run(&mut self, stream: &Arc<CudaStream>, launch: impl FnOnce() -> Result<()>) -> Result<()> {
+    pub(super) fn run(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        launch: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
         match graph::capture_of(stream.cu_stream())? {
             Capture::None => self.eager(stream, launch),
             Capture::Active { id, graph } => self.captured(stream, id, GraphHandles(graph), launch),
@@ -181,7 +185,11 @@ impl StreamOrder {
     /// Waits until every call enqueued so far (eager, or in a graph launched so far) has
     /// completed; the first failure is returned, after both waits.
     pub(super) fn wait_for_all(&mut self) -> std::result::Result<(), cudarc::driver::DriverError> {
-        let serial = if self.mixing { self.serial.synchronize() } else { Ok(()) };
+        let serial = if self.mixing {
+            self.serial.synchronize()
+        } else {
+            Ok(())
+        };
         let last = self.last.take().map_or(Ok(()), |last| last.synchronize());
         serial.and(last)
     }

@@ -122,7 +122,14 @@ pub(crate) fn move_dependencies(
                     sys::cuGraphRemoveDependencies_v2(graph, from, &node, std::ptr::null(), 1)
                 }
             };
-            check(code, if add { "cuGraphAddDependencies" } else { "cuGraphRemoveDependencies" })?;
+            check(
+                code,
+                if add {
+                    "cuGraphAddDependencies"
+                } else {
+                    "cuGraphRemoveDependencies"
+                },
+            )?;
         }
     }
     Ok(())

@@ -136,10 +136,71 @@ pub(crate) struct SymmArgs {
     /// The multicast address of the bound allocations (0 without a multicast object); read
     /// only by the multimem kernels (kernels/multimem.cuh).
     pub(crate) mc_base: u64,
+    /// The call's identity ([`call_ident`]), carried by every barrier flag and low-latency
+    /// identity word: a rank that meets another call's reports `Diverged`.
+    pub(crate) ident: u32,
+    /// `FLAG_*` bits.
+    pub(crate) flags: u32,
 }
 
-// The device struct: ten u64, two u32, four u64, no padding: 120 bytes, 8-aligned.
-const _: () = assert!(std::mem::size_of::<SymmArgs>() == 120);
+/// `SymmArgs::flags`: the kernel lets the next one launch (PDL) only at its exit.
+pub(crate) const FLAG_PDL_AT_EXIT: u32 = 1;
+/// Bits of a barrier flag that carry the call's identity (the epoch is above them; checked
+/// against the device header).
+#[cfg(test)]
+pub(crate) const IDENT_BITS: u32 = 16;
+/// Epochs stay below `2^EPOCH_BITS` (446 years at 20 000 calls a second).
+pub(crate) const EPOCH_BITS: u32 = 48;
+/// Error word kind 5: the call counter reached `2^EPOCH_BITS`.
+pub(crate) const ERROR_EPOCHS_EXHAUSTED: u32 = 5;
+/// A divergence record's shape word with this bit holds a call identity ([`call_ident`]).
+pub(crate) const RECORD_IDENT: u64 = 1 << 63;
+/// Offset of the low-latency identity words in every rank's allocation:
+/// `[buffer LL_BUFFERS][block MAX_BLOCKS][source MAX_RANKS]` of u32.
+pub(crate) const LL_IDENT_OFFSET: usize = 96 << 10;
+/// Bytes of the low-latency identity words.
+pub(crate) const LL_IDENT_BYTES: usize = LL_BUFFERS * MAX_BLOCKS * MAX_RANKS * 4;
+/// The length digest of a call identity: `len mod 511` (lengths that differ by less than 511
+/// always differ in it).
+const IDENT_LEN_MOD: u64 = 511;
+
+/// The identity a call's barrier flags and low-latency words carry: `kernel << 11 | dtype << 9
+/// | len mod 511` (`kernel`: its table index + 1, 31 for the sync floor; `len` as the
+/// divergence check announces it). Never 0, below 2^16. Two ranks whose calls differ in
+/// kernel or dtype, or in a length by less than 511 (elements, bytes, or tokens × hidden),
+/// always differ in it.
+pub(crate) fn call_ident(
+    kernel: Option<crate::kernels::registry::Kernel>,
+    dtype: crate::dtype::DType,
+    len: u64,
+) -> u32 {
+    let kernel = kernel.map_or(31, |k| k.index() as u32 + 1);
+    kernel << 11 | (dtype.index() as u32) << 9 | (len % IDENT_LEN_MOD) as u32
+}
+
+/// Human form of a call identity (a peer's call, of which only the identity is known).
+pub(crate) fn describe_ident(ident: u32, len: Option<u64>) -> String {
+    use crate::dtype::DType;
+    use crate::kernels::registry::KERNELS;
+    let kernel = (ident >> 11) as usize;
+    let name = match kernel {
+        31 => "sync_floor",
+        k => k
+            .checked_sub(1)
+            .and_then(|i| KERNELS.get(i))
+            .map_or("an unknown kernel", |s| s.prefix),
+    };
+    let dtype = DType::ALL
+        .get(((ident >> 9) & 3) as usize)
+        .map_or("an unknown dtype", |d| d.name());
+    match len {
+        Some(len) => format!("{name} ({dtype}, length {len})"),
+        None => format!("{name} ({dtype}, length = {} mod {IDENT_LEN_MOD})", ident & 0x1ff),
+    }
+}
+
+// The device struct: ten u64, two u32, four u64, two u32, no padding: 128 bytes, 8-aligned.
+const _: () = assert!(std::mem::size_of::<SymmArgs>() == 128);
 const _: () = assert!(std::mem::align_of::<SymmArgs>() == 8);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, ll_offset) == 48);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, error) == 64);
@@ -150,6 +211,8 @@ const _: () = assert!(std::mem::offset_of!(SymmArgs, check_shape) == 88);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, check_len) == 96);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, pool_tag) == 104);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, mc_base) == 112);
+const _: () = assert!(std::mem::offset_of!(SymmArgs, ident) == 120);
+const _: () = assert!(std::mem::offset_of!(SymmArgs, flags) == 124);
 
 // SAFETY: SymmArgs is a #[repr(C)] struct of plain integers with the same layout as the
 // device-side struct (asserted above and in kernels/abi.cuh).
@@ -181,7 +244,12 @@ pub(crate) fn decode_error(code: u32, record: DivergenceRecord, timeout: Duratio
         }
         ERROR_DIVERGED => {
             let [shape, len, peer_shape, peer_len] = record;
-            let (this_call, peer_call) = if shape == 0 {
+            let (this_call, peer_call) = if shape & RECORD_IDENT != 0 {
+                (
+                    describe_ident(shape as u32, Some(len)),
+                    describe_ident(peer_shape as u32, None),
+                )
+            } else if shape == 0 {
                 (
                     "its call".to_string(),
                     format!("another call (rank {rank} found it; see that rank's error)"),
@@ -197,6 +265,9 @@ pub(crate) fn decode_error(code: u32, record: DivergenceRecord, timeout: Duratio
             }
         }
         ERROR_POOL_MISMATCH => Error::PoolMismatch { rank, peer },
+        ERROR_EPOCHS_EXHAUSTED => Error::CallsExhausted {
+            calls: (1u64 << EPOCH_BITS) - 1,
+        },
         _ => Error::KernelFault { code },
     }
 }
@@ -316,6 +387,83 @@ mod tests {
     }
 
     #[test]
+    fn call_identities_tell_apart_kernels_dtypes_and_nearby_lengths() {
+        use crate::dtype::DType;
+        use crate::kernels::registry::{Kernel, KERNELS};
+        let kernels: Vec<Option<Kernel>> = std::iter::once(None)
+            .chain(KERNELS.iter().map(|s| Some(s.kernel)))
+            .collect();
+        for &k in &kernels {
+            for d in DType::ALL {
+                for len in [1u64, 2, 1000, 1001, (1 << 20) + 5, 1 << 40] {
+                    let id = call_ident(k, d, len);
+                    assert!(id != 0 && id < 1 << IDENT_BITS, "{k:?} {d} {len}: {id:#x}");
+                    // Lengths that differ by less than 511 always differ in the identity.
+                    for delta in 1..511u64 {
+                        assert_ne!(
+                            id,
+                            call_ident(k, d, len.wrapping_add(delta)),
+                            "{k:?} {d} {len} +{delta}"
+                        );
+                    }
+                }
+                for &other in &kernels {
+                    if other != k {
+                        assert_ne!(
+                            call_ident(k, d, 77),
+                            call_ident(other, d, 77),
+                            "{k:?} vs {other:?}"
+                        );
+                    }
+                }
+            }
+            assert_ne!(call_ident(k, DType::BF16, 9), call_ident(k, DType::F16, 9));
+            assert_ne!(call_ident(k, DType::BF16, 9), call_ident(k, DType::F32, 9));
+        }
+        // The fused call's (tokens, hidden) length: one token more or less differs.
+        let (t, h) = (fused_check_len(8, 4096), fused_check_len(9, 4096));
+        assert_ne!(
+            call_ident(Some(Kernel::FusedOneShot), DType::BF16, t),
+            call_ident(Some(Kernel::FusedOneShot), DType::BF16, h)
+        );
+    }
+
+    #[test]
+    fn a_divergence_found_by_a_flag_names_both_calls() {
+        use crate::dtype::DType;
+        use crate::kernels::registry::Kernel;
+        let mine = call_ident(Some(Kernel::OneShot), DType::BF16, 4096);
+        let theirs = call_ident(Some(Kernel::TwoShot), DType::BF16, 4097);
+        let code = ERROR_DIVERGED | 1 << 16 | 2 << 24;
+        let record = [
+            RECORD_IDENT | u64::from(mine),
+            4096,
+            RECORD_IDENT | u64::from(theirs),
+            0,
+        ];
+        match decode_error(code, record, Duration::from_secs(1)) {
+            Error::Diverged {
+                rank,
+                peer,
+                this_call,
+                peer_call,
+            } => {
+                assert_eq!((rank, peer), (2, 1));
+                assert_eq!(this_call, "one_shot (bf16, length 4096)");
+                assert_eq!(
+                    peer_call,
+                    format!("two_shot (bf16, length = {} mod 511)", 4097 % 511)
+                );
+            }
+            e => panic!("unexpected {e:?}"),
+        }
+        assert!(matches!(
+            decode_error(ERROR_EPOCHS_EXHAUSTED, [0; 4], Duration::from_secs(1)),
+            Error::CallsExhausted { .. }
+        ));
+    }
+
+    #[test]
     fn constants_match_the_device_header() {
         let header = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/kernels/abi.cuh"))
             .expect("kernels/abi.cuh");
@@ -339,12 +487,21 @@ mod tests {
         assert_eq!(get("SLOTS_PER_ROW"), SLOTS_PER_ROW as u64);
         assert_eq!(get("SIGNAL_PHASES"), SIGNAL_PHASES as u64);
         assert_eq!(get("LL_BUFFERS"), LL_BUFFERS as u64);
+        assert_eq!(get("IDENT_BITS"), IDENT_BITS as u64);
+        assert_eq!(get("EPOCH_BITS"), EPOCH_BITS as u64);
+        assert_eq!(get("ERROR_EPOCHS_EXHAUSTED"), ERROR_EPOCHS_EXHAUSTED as u64);
+        assert_eq!(get("LL_IDENT_OFFSET"), LL_IDENT_OFFSET as u64);
+        assert_eq!(get("FLAG_PDL_AT_EXIT"), FLAG_PDL_AT_EXIT as u64);
+        assert!(
+            header.contains("RECORD_IDENT = 1ull << 63;"),
+            "abi.cuh's RECORD_IDENT is bit 63"
+        );
         assert!(
             header.contains(&format!("sizeof(BlockState) == {BLOCK_STATE_BYTES}")),
             "abi.cuh asserts the call state's size"
         );
         assert!(
-            header.contains("sizeof(SymmArgs) == 120"),
+            header.contains("sizeof(SymmArgs) == 128"),
             "abi.cuh asserts the size"
         );
     }

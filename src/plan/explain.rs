@@ -648,7 +648,10 @@ mod tests {
             for len in [1usize, 100, 16 << 10] {
                 let r = route(kind, len, DType::BF16, &c, Algorithm::Auto, f).unwrap();
                 assert!(
-                    matches!(r.target, Target::Kernel(crate::kernels::registry::Kernel::LowLatency, _)),
+                    matches!(
+                        r.target,
+                        Target::Kernel(crate::kernels::registry::Kernel::LowLatency, _)
+                    ),
                     "{kind:?} {len}: {r:?}"
                 );
             }
