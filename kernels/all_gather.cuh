@@ -34,11 +34,30 @@ __device__ __forceinline__ uint64_t* count_slot(const SymmArgs& a, uint32_t owne
     return reinterpret_cast<uint64_t*>(slots) + static_cast<uint64_t>(block) * MAX_RANKS;
 }
 
-// Largest power of two (at most 16) that divides `offset`: the widest store a 16-byte-aligned
-// output allows at that byte offset.
+// Largest power of two (at most 16) that divides `offset` (an address): the widest access it
+// allows.
 __device__ __forceinline__ uint32_t alignment_of(uint64_t offset) {
     const uint64_t low = offset & (~offset + 1);
     return (offset == 0 || low >= 16) ? 16u : static_cast<uint32_t>(low);
+}
+
+// The 16 bytes at `src`, which is aligned to `align` bytes (a power of two up to 16): the
+// widest loads that alignment allows.
+__device__ __forceinline__ uint4 load_pack_at(const char* src, uint32_t align) {
+    if (align == 16) return *reinterpret_cast<const uint4*>(src);
+    uint32_t w[4];
+    if (align >= 4) {
+#pragma unroll
+        for (uint32_t k = 0; k < 4; ++k) w[k] = reinterpret_cast<const uint32_t*>(src)[k];
+    } else {
+#pragma unroll
+        for (uint32_t k = 0; k < 4; ++k) {
+            w[k] = 0;
+#pragma unroll
+            for (uint32_t b = 0; b < 4; ++b) w[k] |= static_cast<uint32_t>(static_cast<uint8_t>(src[4 * k + b])) << (8 * b);
+        }
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // Stores the 16 bytes of `v` at `dst`, which is aligned to `align` bytes.
@@ -90,13 +109,14 @@ __device__ __forceinline__ void all_gather_bytes(const char* in, char* out, cons
     const uint64_t own = count[a.rank];
     const uint64_t own_packs = own / 16;
     const uint64_t own_at = offset[a.rank];
-    const uint32_t own_align = alignment_of(own_at);
-    const uint4* src = reinterpret_cast<const uint4*>(in);
+    // The caller's buffers may be views at any element offset: widths follow the addresses.
+    const uint32_t own_align = alignment_of(reinterpret_cast<uint64_t>(out) + own_at);
+    const uint32_t in_align = alignment_of(reinterpret_cast<uint64_t>(in));
     char* mine = data_buffer(a, a.rank, parity);
 
     // Copy in (and straight to this rank's own place in the output).
     for (uint64_t i = loop.first; i < own_packs; i += loop.step) {
-        const uint4 v = src[i];
+        const uint4 v = load_pack_at(in + 16 * i, in_align);
         reinterpret_cast<uint4*>(mine)[i] = v;
         store_pack_at(out + own_at + 16 * i, v, own_align);
     }
@@ -140,7 +160,7 @@ __device__ __forceinline__ void all_gather_bytes(const char* in, char* out, cons
 #pragma unroll
                 for (uint32_t q = 0; q < MAX_RANKS; ++q) {
                     if (q < a.world && q != a.rank && i < count[q] / 16)
-                        store_pack_at(out + offset[q] + 16 * i, v[q], alignment_of(offset[q]));
+                        store_pack_at(out + offset[q] + 16 * i, v[q], alignment_of(reinterpret_cast<uint64_t>(out) + offset[q]));
                 }
             }
             // Tails (< 16 bytes per rank): block 0, thread 16 q + k copies byte k of rank q's tail.

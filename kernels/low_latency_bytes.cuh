@@ -30,9 +30,11 @@ __device__ __forceinline__ uint32_t ll_byte_flag(uint64_t chunk) {
     return static_cast<uint32_t>(chunk & 0x7fffffffu);
 }
 
-// Bytes [8 l, 8 l + 8) of `in` (n bytes, 8-aligned), zero-padded past n.
+// Bytes [8 l, 8 l + 8) of `in` (n bytes, at any address), zero-padded past n.
 __device__ __forceinline__ uint2 load_byte_line(const char* in, uint64_t n, uint64_t l) {
-    if ((l + 1) * LL_BYTES_PER_LINE <= n) return reinterpret_cast<const uint2*>(in)[l];
+    if ((l + 1) * LL_BYTES_PER_LINE <= n && (reinterpret_cast<uintptr_t>(in) & 7) == 0) {
+        return reinterpret_cast<const uint2*>(in)[l];
+    }
     uint64_t bytes = 0;
     for (uint32_t k = 0; l * LL_BYTES_PER_LINE + k < n; ++k) {
         bytes |= static_cast<uint64_t>(static_cast<uint8_t>(in[l * LL_BYTES_PER_LINE + k])) << (8 * k);
@@ -45,12 +47,13 @@ __device__ __forceinline__ uint32_t line_bytes(uint64_t chunk, uint64_t at) {
     return chunk - at < LL_BYTES_PER_LINE ? static_cast<uint32_t>(chunk - at) : LL_BYTES_PER_LINE;
 }
 
-// Stores the first `count` (<= 8) bytes of `v` at byte `at` of `out` (16-byte aligned): one
-// 8-byte store where the offset allows it, bytes otherwise.
+// Stores the first `count` (<= 8) bytes of `v` at byte `at` of `out` (at any address): one
+// 8-byte store where the address allows it, bytes otherwise.
 __device__ __forceinline__ void store_byte_line(char* out, uint64_t at, uint2 v, uint32_t count) {
-    if (count == LL_BYTES_PER_LINE && at % 8 == 0) {
+    const uintptr_t to = reinterpret_cast<uintptr_t>(out + at);
+    if (count == LL_BYTES_PER_LINE && to % 8 == 0) {
         *reinterpret_cast<uint2*>(out + at) = v;
-    } else if (count == LL_BYTES_PER_LINE && at % 4 == 0) {
+    } else if (count == LL_BYTES_PER_LINE && to % 4 == 0) {
         reinterpret_cast<uint32_t*>(out + at)[0] = v.x;
         reinterpret_cast<uint32_t*>(out + at)[1] = v.y;
     } else {

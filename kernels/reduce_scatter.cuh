@@ -11,6 +11,7 @@
 #pragma once
 
 #include "reduce.cuh"
+#include "unaligned.cuh"
 
 namespace symm {
 
@@ -35,7 +36,7 @@ __device__ __forceinline__ void reduce_scatter(const T* in, T* out, uint64_t n, 
     const PackLoop loop;
     char* mine = data_buffer(a, a.rank, parity);
 
-    if (tail == 0) {
+    if (tail == 0 && is_aligned(in, 16)) {
         // Every slice of the input is 16-byte aligned: all W packs in flight, then stored.
         for (uint64_t i = loop.first; i < packs; i += loop.step) {
             uint4 v[MAX_RANKS];
@@ -49,7 +50,8 @@ __device__ __forceinline__ void reduce_scatter(const T* in, T* out, uint64_t n, 
             }
         }
     } else {
-        // Slices start at element (not pack) boundaries: packs assembled from element loads.
+        // Slices start at element (not pack) boundaries, or the input is a view at an element
+        // offset: packs assembled from element loads.
         for (uint64_t i = loop.first; i < packs; i += loop.step) {
             for (uint32_t q = 0; q < a.world; ++q) {
                 reinterpret_cast<uint4*>(mine + q * slice_bytes)[i] = load_pack_unaligned<T>(in + q * n + i * P);
@@ -64,8 +66,8 @@ __device__ __forceinline__ void reduce_scatter(const T* in, T* out, uint64_t n, 
 
     if (block_barrier(a, PHASE_START, epoch)) {
         const char* rank0 = data_buffer(a, 0, parity) + a.rank * slice_bytes;
-        uint4* dst = reinterpret_cast<uint4*>(out);
-        for (uint64_t i = loop.first; i < packs; i += loop.step) dst[i] = sum_ranks<T>(a, rank0, i);
+        const bool out_aligned = is_aligned(out, 16);
+        for (uint64_t i = loop.first; i < packs; i += loop.step) store_pack(out, i, sum_ranks<T>(a, rank0, i), out_aligned);
         if (blockIdx.x == 0 && threadIdx.x < tail) {
             const uint64_t i = packs * P + threadIdx.x;
             float acc = 0.0f;

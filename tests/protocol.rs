@@ -103,7 +103,7 @@ fn checked_call<T: TestElem>(
     check_against_f64(&inputs, &outs[0]).unwrap_or_else(|e| panic!("{what}: {e}"));
 }
 
-/// The counter just below 2^31 and 2^32 (and far beyond): a few small low-latency calls
+/// The counter just below 2^31, 2^32 and the 2^48 calls epochs count: a few small low-latency calls
 /// (one block, no barrier), then calls that use blocks, phases and buffers the small calls
 /// never touched, each with rank 1 starting 30 ms late. A 32-bit epoch compared with
 /// wrap-around passes a slot not written for 2^31 calls at once, and the early ranks then read
@@ -111,7 +111,7 @@ fn checked_call<T: TestElem>(
 fn counter_near_2_pow_31_and_2_pow_32_with_a_late_rank(ctx: Arc<CudaContext>) {
     for world in [2usize, 4] {
         let (comms, streams) = common::group(&ctx, world, config(8 << 20));
-        for start in [(1u64 << 31) - 3, (1u64 << 32) - 3, u64::MAX / 2] {
+        for start in [(1u64 << 31) - 3, (1u64 << 32) - 3, (1u64 << 48) - 12] {
             for r in 0..world {
                 comms[r].__set_call_counter(start, &streams[r]).unwrap();
             }
@@ -148,6 +148,27 @@ fn counter_near_2_pow_31_and_2_pow_32_with_a_late_rank(ctx: Arc<CudaContext>) {
                     what("after the calls")
                 );
             }
+        }
+    }
+}
+
+/// At the last epoch the flags can hold (2^48 - 1) a call still runs; the next is refused on
+/// every rank with `CallsExhausted`, never run with a wrapped flag.
+fn calls_past_the_last_epoch_are_refused_on_every_rank(ctx: Arc<CudaContext>) {
+    let (comms, streams) = common::group(&ctx, 3, config(1 << 20));
+    for r in 0..3 {
+        comms[r].__set_call_counter((1u64 << 48) - 2, &streams[r]).unwrap();
+    }
+    checked_call::<f32>(&comms, &streams, 5000, How::Forced(Algorithm::OneShot), None, 1, "last epoch");
+    for r in 0..3 {
+        let x = streams[r].clone_htod(&[1.0f32; 64]).unwrap();
+        let mut y = streams[r].alloc_zeros::<f32>(64).unwrap();
+        let _ = comms[r].all_reduce(&x, &mut y, &streams[r]);
+    }
+    for (r, c) in comms.iter().enumerate() {
+        match c.synchronize(&streams[r]) {
+            Err(Error::CallsExhausted { .. }) => {}
+            other => panic!("rank {r}: expected CallsExhausted, got {other:?}"),
         }
     }
 }
@@ -743,6 +764,7 @@ fn main() -> std::process::ExitCode {
         "protocol",
         vec![
             gpu_test!(counter_near_2_pow_31_and_2_pow_32_with_a_late_rank),
+            gpu_test!(calls_past_the_last_epoch_are_refused_on_every_rank),
             gpu_test!(recreated_communicator_never_reads_an_old_ones_slots),
             gpu_test!(calls_alternating_between_two_streams_stay_ordered),
             gpu_test!(a_graph_replayed_after_a_timeout_returns_within_twice_the_timeout),

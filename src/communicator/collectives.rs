@@ -24,6 +24,8 @@ use crate::plan::PathDecision;
 struct Buffers {
     input: u64,
     output: u64,
+    /// Bytes per element: the alignment the kernels need (views at any element offset work).
+    element: usize,
     input_device: usize,
     output_device: usize,
     stream_device: usize,
@@ -235,13 +237,16 @@ impl Communicator {
         call(&Buffers {
             input: in_ptr,
             output: out_ptr,
+            element: std::mem::size_of::<T>(),
             input_device,
             output_device,
             stream_device: stream.context().ordinal(),
         })
     }
 
-    /// Devices, and 16-byte alignment where the kernels run (NCCL needs none).
+    /// Devices, and alignment to the element size where the kernels run (NCCL needs none):
+    /// views at any element offset work (the kernels load and store unaligned views with
+    /// narrower accesses); only a raw address inside an element is refused.
     fn placement(&self, b: &Buffers, aligned: bool) -> Result<()> {
         let expected = self.device();
         for (which, found) in [
@@ -258,7 +263,7 @@ impl Communicator {
             }
         }
         for (which, address) in [("input", b.input), ("output", b.output)] {
-            if aligned && address % 16 != 0 {
+            if aligned && address % b.element as u64 != 0 {
                 return Err(Error::Misaligned { which, address });
             }
         }
