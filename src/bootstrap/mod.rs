@@ -11,6 +11,7 @@
 //! wire format and admission rules as pure functions.
 
 pub(crate) mod fds;
+mod gate;
 #[doc(hidden)]
 pub mod frames;
 mod local;
