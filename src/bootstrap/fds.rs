@@ -192,12 +192,14 @@ fn exchange(
                 .iter()
                 .filter_map(|&q| outgoing[q].as_ref().map(|(_, _, why)| format!("rank {q}: {why}")))
                 .collect();
-            return Err(failed(format!(
-                "could not deliver to rank(s) {unsent:?} ({}) and got no descriptor from rank(s) \
-                 {missing:?}{}",
-                last.join("; "),
-                gate.refusals.summary()
-            )));
+            let mut what = Vec::new();
+            if !unsent.is_empty() {
+                what.push(format!("could not deliver to rank(s) {unsent:?} ({})", last.join("; ")));
+            }
+            if !missing.is_empty() {
+                what.push(format!("got no descriptor from rank(s) {missing:?}"));
+            }
+            return Err(failed(format!("{}{}", what.join(" and "), gate.refusals.summary())));
         }
         let wake = outgoing
             .iter()

@@ -230,7 +230,7 @@ impl<'l> Gate<'l> {
             listener,
             options,
             greeting,
-            pending: Vec::with_capacity(MAX_PENDING),
+            pending: Vec::with_capacity(MAX_PENDING + 1),
             refusals: Refusals::default(),
         })
     }
@@ -269,7 +269,7 @@ impl<'l> Gate<'l> {
         }
         for _ in 0..ACCEPT_BURST {
             match self.listener.accept() {
-                Ok((stream, _)) => self.admit(stream),
+                Ok((stream, _)) => self.admit(stream, done),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) => match e.raw_os_error().map(Errno::from_raw_os_error) {
                     Some(Errno::INTR | Errno::CONNABORTED | Errno::PROTO) => {}
@@ -282,44 +282,55 @@ impl<'l> Gate<'l> {
         let now = Instant::now();
         let mut i = 0;
         while i < self.pending.len() {
-            let progress = self.read_some(i);
-            let progress = match progress {
-                Progress::Waiting if now >= self.pending[i].since + GREETING_WAIT => Progress::Dropped(
-                    Refusal::Slow,
-                    format!(
-                        "{} sent {} of {} bytes within {GREETING_WAIT:?}",
-                        self.pending[i].creds.describe(),
-                        self.pending[i].got,
-                        self.greeting.len()
-                    ),
-                ),
-                p => p,
-            };
-            match progress {
-                Progress::Waiting => i += 1,
-                Progress::Done => {
-                    let p = self.pending.swap_remove(i);
-                    done.push(Arrival {
-                        payload: p.buf[HEADER_BYTES..p.got].to_vec(),
-                        stream: p.stream,
-                        creds: p.creds,
-                        fds: p.fds,
-                    });
-                }
-                Progress::Dropped(why, reason) => {
-                    let p = self.pending.swap_remove(i);
-                    if self.greeting.tell && why == Refusal::Malformed {
-                        refuse(&p.stream, &reason);
-                    }
-                    self.refusals.note(why, || reason);
-                }
+            if !self.settle(i, now, done) {
+                i += 1;
             }
         }
         Ok(())
     }
 
+    /// Reads what has arrived on pending connection `i` and hands it on when whole, or drops
+    /// it when malformed, closed or out of time. Returns whether it left the table.
+    fn settle(&mut self, i: usize, now: Instant, done: &mut Vec<Arrival>) -> bool {
+        let progress = match self.read_some(i) {
+            Progress::Waiting if now >= self.pending[i].since + GREETING_WAIT => Progress::Dropped(
+                Refusal::Slow,
+                format!(
+                    "{} sent {} of {} bytes within {GREETING_WAIT:?}",
+                    self.pending[i].creds.describe(),
+                    self.pending[i].got,
+                    self.greeting.len()
+                ),
+            ),
+            p => p,
+        };
+        match progress {
+            Progress::Waiting => false,
+            Progress::Done => {
+                let p = self.pending.swap_remove(i);
+                done.push(Arrival {
+                    payload: p.buf[HEADER_BYTES..p.got].to_vec(),
+                    stream: p.stream,
+                    creds: p.creds,
+                    fds: p.fds,
+                });
+                true
+            }
+            Progress::Dropped(why, reason) => {
+                let p = self.pending.swap_remove(i);
+                if self.greeting.tell && why == Refusal::Malformed {
+                    refuse(&p.stream, &reason);
+                }
+                self.refusals.note(why, || reason);
+                true
+            }
+        }
+    }
+
     /// The uid check, before a byte is read; then a slot in the pending table.
-    fn admit(&mut self, stream: UnixStream) {
+    /// A greeting that is already there is read at once, so it never waits for (or is evicted
+    /// from) a slot.
+    fn admit(&mut self, stream: UnixStream, done: &mut Vec<Arrival>) {
         let creds = match frames::admit(&stream, &self.options) {
             Ok(c) => c,
             Err(why) => return self.refusals.note(Refusal::Foreign, || why),
@@ -329,25 +340,28 @@ impl<'l> Gate<'l> {
                 .refusals
                 .note(Refusal::Closed, || format!("an accepted connection failed: {e}"));
         }
-        if self.pending.len() == MAX_PENDING {
-            if let Some(oldest) = (0..self.pending.len()).min_by_key(|&i| self.pending[i].since) {
-                let p = self.pending.swap_remove(oldest);
-                self.refusals.note(Refusal::Crowded, || {
-                    format!(
-                        "{} was still silent when {MAX_PENDING} newer connections were waiting",
-                        p.creds.describe()
-                    )
-                });
-            }
-        }
+        let since = Instant::now();
         self.pending.push(Pending {
             stream,
             creds,
             buf: [0; MAX_GREETING],
             got: 0,
             fds: Vec::new(),
-            since: Instant::now(),
+            since,
         });
+        if self.settle(self.pending.len() - 1, since, done) || self.pending.len() <= MAX_PENDING {
+            return;
+        }
+        if let Some(oldest) = (0..self.pending.len()).min_by_key(|&i| self.pending[i].since) {
+            let p = self.pending.swap_remove(oldest);
+            self.refusals.note(Refusal::Crowded, || {
+                format!(
+                    "{} had sent {} bytes when {MAX_PENDING} newer connections were waiting",
+                    p.creds.describe(),
+                    p.got
+                )
+            });
+        }
     }
 
     /// Reads what has arrived on pending connection `i`, never past its greeting.
