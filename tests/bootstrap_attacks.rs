@@ -129,7 +129,11 @@ fn rank_main() {
             std::thread::sleep(late);
             started = Instant::now();
             SocketStore::new(&address, rank, world, timeout).and_then(|store| {
-                let got: Vec<String> = store.all_gather_fds(f.as_fd())?.into_iter().map(read_all).collect();
+                let got: Vec<String> = store
+                    .all_gather_fds(f.as_fd())?
+                    .into_iter()
+                    .map(read_all)
+                    .collect();
                 assert_eq!(got, expect, "descriptors from the wrong ranks");
                 Ok(())
             })
@@ -158,7 +162,11 @@ fn rank_main() {
     peak.fetch_max(status_field("RssAnon:"), Ordering::Relaxed);
     let kind = match &outcome {
         Ok(()) => "ok".to_string(),
-        Err(e) => format!("{e:?}").split([' ', '{', '(']).next().unwrap_or("?").to_string(),
+        Err(e) => format!("{e:?}")
+            .split([' ', '{', '('])
+            .next()
+            .unwrap_or("?")
+            .to_string(),
     };
     let message = outcome.err().map(|e| e.to_string()).unwrap_or_default();
     // A joined thread leaves the kernel's count a moment after `join` returns.
@@ -470,7 +478,12 @@ fn run_case(c: &Case) -> (Vec<RankReport>, Vec<String>) {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let address = StoreAddress::unique("symm-dos").unwrap();
     let text = address.to_string();
-    let store_name = text.trim_start_matches('@').split('#').next().unwrap().to_string();
+    let store_name = text
+        .trim_start_matches('@')
+        .split('#')
+        .next()
+        .unwrap()
+        .to_string();
     let started = Instant::now();
     let ranks: Vec<Child> = (0..c.world)
         .map(|r| {
@@ -516,7 +529,11 @@ fn run_case(c: &Case) -> (Vec<RankReport>, Vec<String>) {
         .into_iter()
         .map(|r| {
             let lines = lines_of(r, "RANK ", limit);
-            parse_report(lines.first().map_or("(no report: hung and killed)", String::as_str))
+            parse_report(
+                lines
+                    .first()
+                    .map_or("(no report: hung and killed)", String::as_str),
+            )
         })
         .collect();
     let attack = lines_of(attacker, "ATTACKER ", c.duration + Duration::from_secs(10));
@@ -531,11 +548,17 @@ fn run_case(c: &Case) -> (Vec<RankReport>, Vec<String>) {
     let formed = reports.iter().all(|r| r.outcome == "ok");
     for r in &reports {
         assert!(
-            r.outcome == "ok" || ["PeerSetupFailed", "PeerRefused", "Bootstrap"].contains(&r.outcome.as_str()),
+            r.outcome == "ok"
+                || ["PeerSetupFailed", "PeerRefused", "Bootstrap"].contains(&r.outcome.as_str()),
             "{label}: not a typed bootstrap error: {}",
             r.line
         );
-        let bound = c.timeout + if r.outcome == "ok" { Duration::ZERO } else { Duration::from_secs(1) };
+        let bound = c.timeout
+            + if r.outcome == "ok" {
+                Duration::ZERO
+            } else {
+                Duration::from_secs(1)
+            };
         assert!(r.elapsed <= bound, "{label}: past {bound:?}: {}", r.line);
         assert_eq!(r.fds.0, r.fds.1, "{label}: descriptors leaked: {}", r.line);
         assert_eq!(r.threads.0, r.threads.1, "{label}: threads left: {}", r.line);
@@ -585,7 +608,10 @@ fn full_backlogs_on_every_listener_cost_bounded_time() {
                 who,
                 must_form: false,
             });
-            assert!(attacker_connected(&attack) > 100, "the attacker filled no backlog: {attack:?}");
+            assert!(
+                attacker_connected(&attack) > 100,
+                "the attacker filled no backlog: {attack:?}"
+            );
         }
     }
 }
@@ -709,9 +735,8 @@ fn a_squatted_name_with_a_full_backlog_is_a_typed_error_within_the_timeout() {
                 who,
             );
             let mut first = String::new();
-            BufReader::new(squatter.stdout.as_mut().unwrap())
-                .read_line(&mut first)
-                .unwrap();
+            let mut out = BufReader::new(squatter.stdout.as_mut().unwrap());
+            while !first.contains("ATTACKER") && out.read_line(&mut first).is_ok_and(|n| n > 0) {}
             assert!(first.contains("ATTACKER ready"), "the squatter failed: {first}");
             let started = Instant::now();
             let results: Vec<(std::result::Result<SocketStore, Error>, Duration)> = std::thread::scope(|s| {
@@ -746,7 +771,10 @@ fn a_squatted_name_with_a_full_backlog_is_a_typed_error_within_the_timeout() {
                 assert!(took <= timeout + Duration::from_secs(1), "rank {r} took {took:?}");
                 if r == 0 {
                     assert!(e.to_string().contains("in use"), "{e}");
-                    assert!(took < Duration::from_secs(1), "rank 0 took {took:?} to see the squatter");
+                    assert!(
+                        took < Duration::from_secs(1),
+                        "rank 0 took {took:?} to see the squatter"
+                    );
                 }
             }
             let _ = std::fs::remove_dir_all(&dir);
@@ -765,7 +793,9 @@ fn a_rank_in_another_pid_namespace_joins_a_socket_store_group() {
         .stderr(Stdio::null())
         .status();
     if !probe.as_ref().is_ok_and(|s| s.success()) {
-        let why = format!("`unshare --pid --fork` is not available here ({probe:?}; needs root or user namespaces)");
+        let why = format!(
+            "`unshare --pid --fork` is not available here ({probe:?}; needs root or user namespaces)"
+        );
         assert!(!require(), "REQUIRE_SECURITY_TESTS=1 but {why}");
         eprintln!("SKIP a_rank_in_another_pid_namespace_joins_a_socket_store_group: {why}");
         return;

@@ -81,7 +81,9 @@ pub fn gather_fds_over_abstract_sockets<B: Bootstrap + ?Sized>(
         reason: format!("cannot listen on abstract socket @{name}: {e}"),
     })?;
 
-    let received = exchange(rank, world, &own, &token, &peers, &listener, options, started, timeout);
+    let received = exchange(
+        rank, world, &own, &token, &peers, &listener, options, started, timeout,
+    );
     let mut fds = vote(bootstrap, "descriptor exchange", received)?;
     fds[rank] = Some(own);
     fds.into_iter()
@@ -177,8 +179,8 @@ fn exchange(
                 }
                 Dial::Failed(e) => {
                     return Err(failed(format!(
-                        "connecting to rank {q}'s socket failed ({e}); are all ranks in one network namespace?"
-                    )))
+                    "connecting to rank {q}'s socket failed ({e}); are all ranks in one network namespace?"
+                )))
                 }
             }
         }
@@ -194,12 +196,19 @@ fn exchange(
                 .collect();
             let mut what = Vec::new();
             if !unsent.is_empty() {
-                what.push(format!("could not deliver to rank(s) {unsent:?} ({})", last.join("; ")));
+                what.push(format!(
+                    "could not deliver to rank(s) {unsent:?} ({})",
+                    last.join("; ")
+                ));
             }
             if !missing.is_empty() {
                 what.push(format!("got no descriptor from rank(s) {missing:?}"));
             }
-            return Err(failed(format!("{}{}", what.join(" and "), gate.refusals.summary())));
+            return Err(failed(format!(
+                "{}{}",
+                what.join(" and "),
+                gate.refusals.summary()
+            )));
         }
         let wake = outgoing
             .iter()

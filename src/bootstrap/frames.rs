@@ -233,7 +233,11 @@ pub fn decode_header(b: &[u8], max: usize) -> Result<Header, WireError> {
 /// (`expected`); the sequence number (bytes 8..16) is not compared when `any_seq`. `got` may
 /// be any prefix of the frame: bytes past the header are not looked at. Lets a reader drop a
 /// connection at the first byte that cannot be a rank's.
-pub fn check_header_prefix(got: &[u8], expected: &[u8; HEADER_BYTES], any_seq: bool) -> Result<(), WireError> {
+pub fn check_header_prefix(
+    got: &[u8],
+    expected: &[u8; HEADER_BYTES],
+    any_seq: bool,
+) -> Result<(), WireError> {
     for (at, (g, e)) in got.iter().zip(expected.iter()).enumerate() {
         if any_seq && (8..16).contains(&at) {
             continue;
@@ -513,7 +517,7 @@ pub fn same_user(peer: &PeerCredentials, options: &StoreOptions) -> Result<(), S
 
 /// This process's effective uid, read the same way as a peer's (over a socket pair), so
 /// that no extra dependency feature is needed.
-fn own_uid() -> Option<u32> {
+pub(crate) fn own_uid() -> Option<u32> {
     static UID: OnceLock<Option<u32>> = OnceLock::new();
     *UID.get_or_init(|| {
         let (a, _b) = std::os::unix::net::UnixStream::pair().ok()?;

@@ -20,11 +20,13 @@ use std::time::{Duration, Instant};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
 use rustix::net::{
-    connect, recvmsg, send, socket_with, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage,
-    RecvFlags, ReturnFlags, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
+    connect, recvmsg, send, socket_with, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags,
+    ReturnFlags, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
 };
 
-use super::frames::{self, check_header_prefix, encode_header, Header, Kind, PeerCredentials, StoreOptions, HEADER_BYTES};
+use super::frames::{
+    self, check_header_prefix, encode_header, Header, Kind, PeerCredentials, StoreOptions, HEADER_BYTES,
+};
 
 /// Connections that have not sent their first frame yet, at most. A newcomer beyond this
 /// evicts the one that has waited longest (a rank's greeting follows its connect at once, so
@@ -223,7 +225,11 @@ pub(crate) struct Gate<'l> {
 
 impl<'l> Gate<'l> {
     /// A gate on `listener`, which it makes non-blocking.
-    pub(crate) fn new(listener: &'l UnixListener, options: StoreOptions, greeting: Greeting) -> io::Result<Self> {
+    pub(crate) fn new(
+        listener: &'l UnixListener,
+        options: StoreOptions,
+        greeting: Greeting,
+    ) -> io::Result<Self> {
         listener.set_nonblocking(true)?;
         debug_assert!(greeting.len() <= MAX_GREETING);
         Ok(Gate {
@@ -400,11 +406,7 @@ impl<'l> Gate<'l> {
             if got.bytes == 0 {
                 return Progress::Dropped(
                     Refusal::Closed,
-                    format!(
-                        "{} closed after {} of {need} bytes",
-                        p.creds.describe(),
-                        p.got
-                    ),
+                    format!("{} closed after {} of {need} bytes", p.creds.describe(), p.got),
                 );
             }
             p.got += got.bytes;
@@ -426,5 +428,73 @@ impl<'l> Gate<'l> {
             );
         }
         Progress::Done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::linux::net::SocketAddrExt;
+
+    fn hello_greeting() -> Greeting {
+        Greeting {
+            header: encode_header(Header {
+                kind: Kind::Hello,
+                seq: 0,
+                len: frames::HELLO_BYTES as u64,
+            }),
+            any_seq: false,
+            fds: 0,
+            tell: false,
+        }
+    }
+
+    #[test]
+    fn many_silent_connections_take_bounded_slots_and_a_real_greeting_still_arrives() {
+        let name = format!(
+            "symm-gate-test.{}",
+            hex::encode(super::super::socket::random_token())
+        );
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        let listener = UnixListener::bind_addr(&addr).unwrap();
+        let mut gate = Gate::new(&listener, StoreOptions::default(), hello_greeting()).unwrap();
+        let target = unix_addr(&addr).unwrap();
+        let mut idle = Vec::new();
+        let mut done = Vec::new();
+        for _ in 0..300 {
+            match dial(&target) {
+                Dial::Connected(s) => idle.push(s),
+                _ => panic!("the test listener refused a connection"),
+            }
+            if idle.len() % 50 == 0 {
+                gate.step(Instant::now(), &mut done).unwrap();
+                assert!(gate.pending() <= MAX_PENDING);
+            }
+        }
+        // A garbage byte drops its connection at once; a real hello arrives whole.
+        let Dial::Connected(bad) = dial(&target) else {
+            panic!()
+        };
+        (&bad).write_all(b"X").unwrap();
+        let Dial::Connected(real) = dial(&target) else {
+            panic!()
+        };
+        let hello = frames::encode_hello(1, 2, &[9; 16]);
+        let mut frame = hello_greeting().header.to_vec();
+        frame.extend_from_slice(&hello);
+        (&real).write_all(&frame).unwrap();
+        let end = Instant::now() + Duration::from_secs(5);
+        while done.is_empty() && Instant::now() < end {
+            gate.step(Instant::now() + Duration::from_millis(10), &mut done)
+                .unwrap();
+        }
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].payload, hello);
+        assert!(gate.pending() <= MAX_PENDING);
+        assert!(gate.refusals.counts[Refusal::Crowded as usize] >= 300 - MAX_PENDING as u64);
+        assert_eq!(gate.refusals.counts[Refusal::Malformed as usize], 1);
+        assert!(gate.refusals.first.len() <= KEPT_REASONS);
+        assert!(gate.refusals.summary().contains("evicted"));
     }
 }

@@ -11,9 +11,9 @@
 //! wire format and admission rules as pure functions.
 
 pub(crate) mod fds;
-mod gate;
 #[doc(hidden)]
 pub mod frames;
+mod gate;
 mod local;
 pub(crate) mod nccl;
 pub(crate) mod socket;

@@ -70,6 +70,50 @@ impl StoreAddress {
         .with_secret()
     }
 
+    /// The address a launcher put in environment variable `var` (its full text, secret
+    /// included). The environment is the intended channel: another user cannot read
+    /// `/proc/<pid>/environ`, while anyone on the host can read a process's arguments. Never
+    /// pass the address on the command line.
+    pub fn from_env(var: &str) -> Result<StoreAddress> {
+        let text = std::env::var(var).map_err(|e| Error::Bootstrap {
+            reason: format!(
+                "no socket store address in the environment variable {var} ({e}): the launcher sets it \
+                 to StoreAddress::unique(..)'s text"
+            ),
+        })?;
+        Ok(StoreAddress::parse(text.trim()))
+    }
+
+    /// The address read from `path`: a file only this user can read (a regular file must have
+    /// no permission bits for group or others, e.g. mode 0600), or an inherited descriptor
+    /// (`/dev/fd/<n>`, such as a pipe from the launcher). The alternative to
+    /// [`StoreAddress::from_env`]; never pass the address on the command line.
+    pub fn from_file(path: &std::path::Path) -> Result<StoreAddress> {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let fail = |why: String| Error::Bootstrap {
+            reason: format!(
+                "cannot take the socket store address from {}: {why}",
+                path.display()
+            ),
+        };
+        let meta = std::fs::metadata(path).map_err(|e| fail(e.to_string()))?;
+        let mode = meta.permissions().mode();
+        if meta.is_file() && mode & 0o077 != 0 {
+            return Err(fail(format!(
+                "it is readable or writable by other users (mode {:o}); chmod 600 it, it holds the launch secret",
+                mode & 0o777
+            )));
+        }
+        if meta.is_file() && Some(meta.uid()) != frames::own_uid() {
+            return Err(fail(format!(
+                "it belongs to uid {}, not to this user",
+                meta.uid()
+            )));
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
+        Ok(StoreAddress::parse(text.trim()))
+    }
+
     /// This address with a fresh launch secret (replacing any it had): `…#<32 hex digits>`.
     /// Fails only if the operating system's random source does.
     pub fn with_secret(self) -> Result<StoreAddress> {
@@ -230,7 +274,9 @@ impl SocketStore {
         } else if rank == 0 {
             Links::Root(accept_all(address, &secret, world, started, timeout, &options)?)
         } else {
-            Links::Leaf(connect(address, &secret, rank, world, started, timeout, &options)?)
+            Links::Leaf(connect(
+                address, &secret, rank, world, started, timeout, &options,
+            )?)
         };
         let store = SocketStore {
             rank,
@@ -400,7 +446,13 @@ impl Bootstrap for SocketStore {
 
 impl SocketStore {
     /// One all-gather, every wait bounded by `deadline`.
-    fn gather(&self, bytes: &[u8], step: &'static str, started: Instant, deadline: Instant) -> Result<Vec<Vec<u8>>> {
+    fn gather(
+        &self,
+        bytes: &[u8],
+        step: &'static str,
+        started: Instant,
+        deadline: Instant,
+    ) -> Result<Vec<Vec<u8>>> {
         let seq = self.next_seq()?;
         self.step.set((step, started));
         match &self.links {
@@ -509,8 +561,9 @@ fn accept_all(
                     // process) and drop it; nothing else is ever sent to it.
                     let why = why.to_string();
                     refuse(&arrival.stream, &why);
-                    gate.refusals
-                        .note(Refusal::Rejected, || format!("{}: {why}", arrival.creds.describe()));
+                    gate.refusals.note(Refusal::Rejected, || {
+                        format!("{}: {why}", arrival.creds.describe())
+                    });
                     continue;
                 }
             };
@@ -692,9 +745,9 @@ fn describe_io(peer: usize, e: &io::Error, elapsed: Duration, timeout: Duration)
         io::ErrorKind::UnexpectedEof
         | io::ErrorKind::ConnectionReset
         | io::ErrorKind::BrokenPipe
-        | io::ErrorKind::ConnectionAborted => format!(
-            "rank {peer} closed its connection after {elapsed:.1?} (the process exited or crashed)"
-        ),
+        | io::ErrorKind::ConnectionAborted => {
+            format!("rank {peer} closed its connection after {elapsed:.1?} (the process exited or crashed)")
+        }
         _ => format!("talking to rank {peer} failed after {elapsed:.1?}: {e}"),
     }
 }
@@ -964,6 +1017,28 @@ mod tests {
             StoreAddress::parse("@x#zz").secret(),
             Err(Error::MissingSecret { .. })
         ));
+    }
+
+    #[test]
+    fn addresses_come_from_the_environment_or_a_private_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let a = unique();
+        let var = format!("SYMM_TEST_ADDR_{}", hex::encode(random_token()));
+        std::env::set_var(&var, a.to_string());
+        assert_eq!(StoreAddress::from_env(&var).unwrap(), a);
+        std::env::remove_var(&var);
+        assert!(matches!(
+            StoreAddress::from_env(&var),
+            Err(Error::Bootstrap { .. })
+        ));
+        let path = std::env::temp_dir().join(format!("symm-addr-{}", hex::encode(random_token())));
+        std::fs::write(&path, format!("{a}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = StoreAddress::from_file(&path).unwrap_err();
+        assert!(e.to_string().contains("chmod 600"), "{e}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(StoreAddress::from_file(&path).unwrap(), a);
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]
