@@ -1,7 +1,8 @@
 //! Socket store: the bootstrap for processes started without NCCL.
 //!
-//! Rank 0 listens on a Unix socket (a filesystem path or a Linux abstract name); every other
-//! rank connects, retrying until the timeout. Each exchange is relayed through rank 0: the
+//! Rank 0 listens on a Unix socket (a filesystem path or a Linux abstract name) and admits
+//! connections through a [`Gate`] (concurrent, bounded per connection); every other rank
+//! connects without blocking, retrying until the timeout. Each exchange is relayed through rank 0: the
 //! leaves send their contribution, rank 0 answers every leaf with everyone's. File
 //! descriptors travel as `SCM_RIGHTS` ancillary data, which needs no ptrace rights (unlike
 //! `pidfd_getfd`).
@@ -202,10 +203,10 @@ impl std::fmt::Display for StoreAddress {
 /// # fn main() -> Result<(), symm_allreduce::Error> {
 /// # let (rank, world) = (0, 2);
 /// // The launcher makes the address once (`StoreAddress::unique("my-job")?`) and hands its
-/// // text, which carries the launch secret, to every rank; without a secret `new` returns
-/// // `Error::MissingSecret`.
-/// # let text = StoreAddress::unique("my-job")?.to_string();
-/// let store = SocketStore::new(&StoreAddress::parse(&text), rank, world, Duration::from_secs(30))?;
+/// // text, which carries the launch secret, to every rank in the environment (never on the
+/// // command line: docs/security.md); without a secret `new` returns `Error::MissingSecret`.
+/// # std::env::set_var("MY_JOB_STORE", StoreAddress::unique("my-job")?.to_string());
+/// let store = SocketStore::new(&StoreAddress::from_env("MY_JOB_STORE")?, rank, world, Duration::from_secs(30))?;
 /// let comm = Communicator::new(&store, symm_allreduce::context(0)?, Config::default())?;
 /// # Ok(()) }
 /// ```
