@@ -3,19 +3,26 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
-use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::os::unix::net::{SocketAddr, UnixListener};
 use std::time::{Duration, Instant};
 
-use super::frames::{self, decode_announce, decode_offer, encode_announce, encode_offer, StoreOptions};
+use rustix::net::SocketAddrUnix;
+
+use super::frames::{
+    self, decode_announce, decode_offer, encode_announce, encode_header, encode_offer, Header, Secret,
+    StoreOptions,
+};
+use super::gate::{dial, Dial, Gate, Greeting, Refusal, DIAL_RETRY, GREETING_WAIT};
 use super::socket::{random_token, send_frame_with_fds, Kind};
 use super::{vote, Bootstrap};
 use crate::error::{Error, Result};
 
 /// Descriptor exchange for a bootstrap that can only move bytes: every rank listens on an
 /// abstract Unix socket with a random name, the names (and a token each) travel through
-/// `bootstrap.all_gather`, every rank connects to every peer and sends its descriptor with
-/// `SCM_RIGHTS`, then collects the peers' from its own socket. Both halves end in a vote, so
-/// every rank returns the same verdict. The sockets are closed when this returns.
+/// `bootstrap.all_gather`, then every rank sends its descriptor with `SCM_RIGHTS` to every
+/// peer while it collects the peers' from its own socket (one loop: no phase only connects).
+/// It ends in a vote, so every rank returns the same verdict. The sockets are closed when this
+/// returns. Every step is bounded by `timeout` from the call.
 ///
 /// Every accepted connection and every connected listener passes `options.check_peer` (same
 /// user by default) before anything is read from or sent to it; a descriptor is only sent to
@@ -34,7 +41,7 @@ pub fn gather_fds_over_abstract_sockets<B: Bootstrap + ?Sized>(
     if world == 1 {
         return Ok(vec![own]);
     }
-    let deadline = Instant::now() + timeout;
+    let started = Instant::now();
     let token = frames::random_secret().map_err(|e| Error::Bootstrap {
         reason: format!("no random token for the descriptor exchange: {e}"),
     })?;
@@ -74,81 +81,10 @@ pub fn gather_fds_over_abstract_sockets<B: Bootstrap + ?Sized>(
         reason: format!("cannot listen on abstract socket @{name}: {e}"),
     })?;
 
-    // Phase 1: send this rank's descriptor to every peer. Connecting to a listening socket
-    // and writing a small message complete without the peer's help (the kernel queues the
-    // connection and the data), so no rank waits on another here.
-    let sent = (|| -> std::io::Result<()> {
-        for (q, (their_token, their_name)) in peers.iter().enumerate() {
-            if q == rank {
-                continue;
-            }
-            let stream = UnixStream::connect_addr(&SocketAddr::from_abstract_name(their_name.as_bytes())?)?;
-            // The descriptor goes only to a listener of an admitted user.
-            frames::admit(&stream, options).map_err(|why| {
-                std::io::Error::other(format!("the listener of rank {q} is not admitted: {why}"))
-            })?;
-            let payload = encode_offer(rank, their_token);
-            send_frame_with_fds(&stream, Kind::Fd, rank as u64, &payload, &[own.as_fd()], deadline)?;
-        }
-        Ok(())
-    })()
-    .map_err(|e| Error::Bootstrap {
-        reason: format!(
-            "sending a descriptor to a peer over an abstract socket failed ({e}); are all ranks in one \
-             network namespace?"
-        ),
-    });
-    vote(bootstrap, "descriptor exchange (send)", sent)?;
-
-    // Phase 2: every peer's descriptor is queued on the listener by now.
-    let received = (|| -> Result<Vec<Option<OwnedFd>>> {
-        let mut fds: Vec<Option<OwnedFd>> = (0..world).map(|_| None).collect();
-        let mut missing = world - 1;
-        while missing > 0 {
-            let stream = match listener.accept() {
-                Ok((s, _)) => s,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
-                        return Err(Error::Bootstrap {
-                            reason: format!("{missing} peer descriptor(s) did not arrive within {timeout:?}"),
-                        });
-                    }
-                    std::thread::sleep(Duration::from_millis(1));
-                    continue;
-                }
-                Err(e) => {
-                    return Err(Error::Bootstrap {
-                        reason: format!("accept on @{name} failed: {e}"),
-                    })
-                }
-            };
-            // Another user's connection is dropped before a byte is read. Anything that is
-            // not a peer's well-formed message with our token is not ours: ignore it (any
-            // descriptor it carried is closed with it).
-            if frames::admit(&stream, options).is_err() {
-                continue;
-            }
-            let Ok((header, payload, mut got)) = stream
-                .set_nonblocking(false)
-                .and_then(|()| super::socket::read_frame_bounded(&stream, deadline, frames::OFFER_BYTES, 1))
-            else {
-                continue;
-            };
-            if header.kind != Kind::Fd || frames::check_descriptors(Kind::Fd, world, got.len()).is_err() {
-                continue;
-            }
-            let Ok(q) = decode_offer(&payload, &token, rank, world) else {
-                continue;
-            };
-            if fds[q].is_some() {
-                continue;
-            }
-            fds[q] = Some(got.remove(0));
-            missing -= 1;
-        }
-        Ok(fds)
-    })();
-    let mut fds = vote(bootstrap, "descriptor exchange (receive)", received)?;
+    let received = exchange(
+        rank, world, &own, &token, &peers, &listener, options, started, timeout,
+    );
+    let mut fds = vote(bootstrap, "descriptor exchange", received)?;
     fds[rank] = Some(own);
     fds.into_iter()
         .enumerate()
@@ -158,6 +94,143 @@ pub fn gather_fds_over_abstract_sockets<B: Bootstrap + ?Sized>(
             })
         })
         .collect()
+}
+
+/// One loop that sends this rank's descriptor to every peer and collects every peer's, at the
+/// same time: a connect that finds a full backlog is retried later (never waited for in the
+/// kernel) while this rank keeps accepting, so no two ranks can wait on each other and no
+/// other process can hold a rank past `timeout`.
+#[allow(clippy::too_many_arguments)]
+fn exchange(
+    rank: usize,
+    world: usize,
+    own: &OwnedFd,
+    token: &Secret,
+    peers: &[(Secret, String)],
+    listener: &UnixListener,
+    options: &StoreOptions,
+    started: Instant,
+    timeout: Duration,
+) -> Result<Vec<Option<OwnedFd>>> {
+    let deadline = started + timeout;
+    let failed = |step: String| Error::Bootstrap {
+        reason: format!(
+            "rank {rank}, descriptor exchange: {step} after {:.1?} (timeout {timeout:?})",
+            started.elapsed()
+        ),
+    };
+    // Where to send, and when to try again (`None`: sent, or this rank).
+    let mut outgoing: Vec<Option<(SocketAddrUnix, Instant, String)>> = Vec::with_capacity(world);
+    for (q, (_, name)) in peers.iter().enumerate() {
+        outgoing.push(if q == rank {
+            None
+        } else {
+            let addr = SocketAddrUnix::new_abstract_name(name.as_bytes())
+                .map_err(|e| failed(format!("rank {q} announced an unusable socket name ({e})")))?;
+            Some((addr, started, "not tried yet".to_string()))
+        });
+    }
+    let greeting = Greeting {
+        header: encode_header(Header {
+            kind: Kind::Fd,
+            seq: 0,
+            len: frames::OFFER_BYTES as u64,
+        }),
+        any_seq: true,
+        fds: 1,
+        // The receiver never writes to an accepted connection.
+        tell: false,
+    };
+    let mut gate = Gate::new(listener, *options, greeting)
+        .map_err(|e| failed(format!("its socket could not be made non-blocking ({e})")))?;
+    let mut fds: Vec<Option<OwnedFd>> = (0..world).map(|_| None).collect();
+    let mut arrivals = Vec::new();
+    loop {
+        let now = Instant::now();
+        for (q, out) in outgoing.iter_mut().enumerate() {
+            let Some((addr, next, last)) = out else { continue };
+            if *next > now {
+                continue;
+            }
+            match dial(addr) {
+                Dial::Connected(stream) => {
+                    // The descriptor goes only to a listener of an admitted user.
+                    frames::admit(&stream, options)
+                        .map_err(|why| failed(format!("the listener of rank {q} is not admitted ({why})")))?;
+                    let payload = encode_offer(rank, &peers[q].0);
+                    stream
+                        .set_nonblocking(false)
+                        .and_then(|()| {
+                            send_frame_with_fds(
+                                &stream,
+                                Kind::Fd,
+                                rank as u64,
+                                &payload,
+                                &[own.as_fd()],
+                                deadline.min(Instant::now() + GREETING_WAIT),
+                            )
+                        })
+                        .map_err(|e| failed(format!("sending the descriptor to rank {q} failed ({e})")))?;
+                    *out = None;
+                }
+                Dial::Retry(e) => {
+                    *next = now + DIAL_RETRY;
+                    *last = e.to_string();
+                }
+                Dial::Failed(e) => {
+                    return Err(failed(format!(
+                    "connecting to rank {q}'s socket failed ({e}); are all ranks in one network namespace?"
+                )))
+                }
+            }
+        }
+        let missing: Vec<usize> = (0..world).filter(|&q| q != rank && fds[q].is_none()).collect();
+        let unsent: Vec<usize> = (0..world).filter(|&q| outgoing[q].is_some()).collect();
+        if missing.is_empty() && unsent.is_empty() {
+            return Ok(fds);
+        }
+        if Instant::now() >= deadline {
+            let last: Vec<String> = unsent
+                .iter()
+                .filter_map(|&q| outgoing[q].as_ref().map(|(_, _, why)| format!("rank {q}: {why}")))
+                .collect();
+            let mut what = Vec::new();
+            if !unsent.is_empty() {
+                what.push(format!(
+                    "could not deliver to rank(s) {unsent:?} ({})",
+                    last.join("; ")
+                ));
+            }
+            if !missing.is_empty() {
+                what.push(format!("got no descriptor from rank(s) {missing:?}"));
+            }
+            return Err(failed(format!(
+                "{}{}",
+                what.join(" and "),
+                gate.refusals.summary()
+            )));
+        }
+        let wake = outgoing
+            .iter()
+            .flatten()
+            .map(|(_, next, _)| *next)
+            .fold(deadline, Instant::min);
+        gate.step(wake, &mut arrivals)
+            .map_err(|e| failed(format!("accept on its socket failed ({e})")))?;
+        for mut arrival in arrivals.drain(..) {
+            // Anything that is not a peer's offer with this rank's token is not ours: count
+            // it and drop it (any descriptor it carried is closed with it).
+            match decode_offer(&arrival.payload, token, rank, world) {
+                Ok(q) if fds[q].is_none() => fds[q] = arrival.fds.pop(),
+                Ok(q) => gate.refusals.note(Refusal::Rejected, || {
+                    format!("{}: a second offer as rank {q}", arrival.creds.describe())
+                }),
+                Err(e) => gate
+                    .refusals
+                    .note(Refusal::Rejected, || format!("{}: {e}", arrival.creds.describe())),
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -103,6 +103,16 @@ pub enum WireError {
         /// The expected sequence number.
         expected_seq: u64,
     },
+    /// A byte of a connection's first frame that no rank of this build sends there: the
+    /// connection is dropped at that byte, before anything else is read.
+    #[error(
+        "byte {at} of the first frame is not what a rank sends there: another program, or another \
+         symm-allreduce build (run the same build on every rank)"
+    )]
+    UnexpectedByte {
+        /// Its offset in the frame.
+        at: usize,
+    },
     /// A rank or world out of range.
     #[error("rank {rank} of a world of {world} is out of range")]
     BadRank {
@@ -217,6 +227,26 @@ pub fn decode_header(b: &[u8], max: usize) -> Result<Header, WireError> {
         seq: at::<u64>(b, 8).ok_or(truncated)?,
         len,
     })
+}
+
+/// Checks the first bytes of a connection's first frame against the header a rank sends
+/// (`expected`); the sequence number (bytes 8..16) is not compared when `any_seq`. `got` may
+/// be any prefix of the frame: bytes past the header are not looked at. Lets a reader drop a
+/// connection at the first byte that cannot be a rank's.
+pub fn check_header_prefix(
+    got: &[u8],
+    expected: &[u8; HEADER_BYTES],
+    any_seq: bool,
+) -> Result<(), WireError> {
+    for (at, (g, e)) in got.iter().zip(expected.iter()).enumerate() {
+        if any_seq && (8..16).contains(&at) {
+            continue;
+        }
+        if g != e {
+            return Err(WireError::UnexpectedByte { at });
+        }
+    }
+    Ok(())
 }
 
 /// Checks that a frame is the one expected at this step (a frame of an earlier step, replayed,
@@ -419,12 +449,25 @@ pub fn random_secret() -> std::io::Result<Secret> {
 /// Who is at the other end of a Unix socket, as the kernel recorded it (`SO_PEERCRED`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerCredentials {
-    /// Process id.
+    /// Process id as this process sees it; **0 when the peer lives in a pid namespace this
+    /// process cannot see** (a container with its own pid namespace). Informational only: no
+    /// admission decision rests on it, since it is best effort across namespaces.
     pub pid: i32,
     /// Effective user id.
     pub uid: u32,
     /// Effective group id.
     pub gid: u32,
+}
+
+impl PeerCredentials {
+    /// `pid N`, or `a process in another pid namespace` when the kernel reported pid 0.
+    pub fn describe(&self) -> String {
+        if self.pid == 0 {
+            "a process in another pid namespace".to_string()
+        } else {
+            format!("pid {}", self.pid)
+        }
+    }
 }
 
 /// Decides whether a peer may join: `Ok` admits it, `Err` says why not.
@@ -459,8 +502,8 @@ pub fn same_user(peer: &PeerCredentials, options: &StoreOptions) -> Result<(), S
     }
     Err(match me {
         Some(me) => format!(
-            "pid {} runs as uid {}, this job as uid {me}{}: only the job's own user may join",
-            peer.pid,
+            "{} runs as uid {}, this job as uid {me}{}: only the job's own user may join",
+            peer.describe(),
             peer.uid,
             if peer.uid == 0 {
                 " (set StoreOptions::allow_root to admit root)"
@@ -474,7 +517,7 @@ pub fn same_user(peer: &PeerCredentials, options: &StoreOptions) -> Result<(), S
 
 /// This process's effective uid, read the same way as a peer's (over a socket pair), so
 /// that no extra dependency feature is needed.
-fn own_uid() -> Option<u32> {
+pub(crate) fn own_uid() -> Option<u32> {
     static UID: OnceLock<Option<u32>> = OnceLock::new();
     *UID.get_or_init(|| {
         let (a, _b) = std::os::unix::net::UnixStream::pair().ok()?;
@@ -482,13 +525,43 @@ fn own_uid() -> Option<u32> {
     })
 }
 
-/// The kernel's record of the peer of a connected Unix socket.
+/// The kernel's record of the peer of a connected Unix socket (`SO_PEERCRED`).
+///
+/// Read with `getsockopt` directly rather than through a typed wrapper: the kernel reports
+/// pid 0 for a peer in a pid namespace this process cannot see, and that value must not land
+/// in a type that may never be zero.
 pub fn peer_credentials(socket: impl AsFd) -> std::io::Result<PeerCredentials> {
-    let c = rustix::net::sockopt::socket_peercred(socket)?;
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: u32::MAX,
+        gid: u32::MAX,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` is a valid, writable `ucred` of `len` bytes that outlives the call, and
+    // the descriptor is borrowed for the call's duration; the kernel writes at most `len`
+    // bytes and reports how many in `len`.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_fd().as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if len as usize != std::mem::size_of::<libc::ucred>() {
+        return Err(std::io::Error::other(format!(
+            "SO_PEERCRED returned {len} bytes, not a ucred"
+        )));
+    }
     Ok(PeerCredentials {
-        pid: c.pid.as_raw_nonzero().get(),
-        uid: c.uid.as_raw(),
-        gid: c.gid.as_raw(),
+        pid: cred.pid,
+        uid: cred.uid,
+        gid: cred.gid,
     })
 }
 

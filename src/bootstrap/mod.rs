@@ -13,6 +13,7 @@
 pub(crate) mod fds;
 #[doc(hidden)]
 pub mod frames;
+mod gate;
 mod local;
 pub(crate) mod nccl;
 pub(crate) mod socket;

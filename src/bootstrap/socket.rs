@@ -1,7 +1,8 @@
 //! Socket store: the bootstrap for processes started without NCCL.
 //!
-//! Rank 0 listens on a Unix socket (a filesystem path or a Linux abstract name); every other
-//! rank connects, retrying until the timeout. Each exchange is relayed through rank 0: the
+//! Rank 0 listens on a Unix socket (a filesystem path or a Linux abstract name) and admits
+//! connections through a [`Gate`] (concurrent, bounded per connection); every other rank
+//! connects without blocking, retrying until the timeout. Each exchange is relayed through rank 0: the
 //! leaves send their contribution, rank 0 answers every leaf with everyone's. File
 //! descriptors travel as `SCM_RIGHTS` ancillary data, which needs no ptrace rights (unlike
 //! `pidfd_getfd`).
@@ -28,8 +29,9 @@ pub(crate) use super::frames::Kind;
 use super::frames::{
     self, check_descriptors, check_sequence, decode_abort, decode_gathered, decode_header, decode_hello,
     encode_abort as abort_payload, encode_gathered, encode_header, encode_hello, split_secret, Header,
-    Secret, StoreOptions, HEADER_BYTES, MAX_FRAME_BYTES, MAX_HELLO_BYTES,
+    Secret, StoreOptions, HEADER_BYTES, HELLO_BYTES, MAX_FRAME_BYTES,
 };
+use super::gate::{dial, refuse, unix_addr, Dial, Gate, Greeting, Refusal, DIAL_RETRY};
 use super::Bootstrap;
 use crate::error::{Error, Result};
 use crate::kernels::abi::MAX_RANKS;
@@ -67,6 +69,50 @@ impl StoreAddress {
             hex::encode(random_token())
         ))
         .with_secret()
+    }
+
+    /// The address a launcher put in environment variable `var` (its full text, secret
+    /// included). The environment is the intended channel: another user cannot read
+    /// `/proc/<pid>/environ`, while anyone on the host can read a process's arguments. Never
+    /// pass the address on the command line.
+    pub fn from_env(var: &str) -> Result<StoreAddress> {
+        let text = std::env::var(var).map_err(|e| Error::Bootstrap {
+            reason: format!(
+                "no socket store address in the environment variable {var} ({e}): the launcher sets it \
+                 to StoreAddress::unique(..)'s text"
+            ),
+        })?;
+        Ok(StoreAddress::parse(text.trim()))
+    }
+
+    /// The address read from `path`: a file only this user can read (a regular file must have
+    /// no permission bits for group or others, e.g. mode 0600), or an inherited descriptor
+    /// (`/dev/fd/<n>`, such as a pipe from the launcher). The alternative to
+    /// [`StoreAddress::from_env`]; never pass the address on the command line.
+    pub fn from_file(path: &std::path::Path) -> Result<StoreAddress> {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let fail = |why: String| Error::Bootstrap {
+            reason: format!(
+                "cannot take the socket store address from {}: {why}",
+                path.display()
+            ),
+        };
+        let meta = std::fs::metadata(path).map_err(|e| fail(e.to_string()))?;
+        let mode = meta.permissions().mode();
+        if meta.is_file() && mode & 0o077 != 0 {
+            return Err(fail(format!(
+                "it is readable or writable by other users (mode {:o}); chmod 600 it, it holds the launch secret",
+                mode & 0o777
+            )));
+        }
+        if meta.is_file() && Some(meta.uid()) != frames::own_uid() {
+            return Err(fail(format!(
+                "it belongs to uid {}, not to this user",
+                meta.uid()
+            )));
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
+        Ok(StoreAddress::parse(text.trim()))
     }
 
     /// This address with a fresh launch secret (replacing any it had): `…#<32 hex digits>`.
@@ -157,10 +203,10 @@ impl std::fmt::Display for StoreAddress {
 /// # fn main() -> Result<(), symm_allreduce::Error> {
 /// # let (rank, world) = (0, 2);
 /// // The launcher makes the address once (`StoreAddress::unique("my-job")?`) and hands its
-/// // text, which carries the launch secret, to every rank; without a secret `new` returns
-/// // `Error::MissingSecret`.
-/// # let text = StoreAddress::unique("my-job")?.to_string();
-/// let store = SocketStore::new(&StoreAddress::parse(&text), rank, world, Duration::from_secs(30))?;
+/// // text, which carries the launch secret, to every rank in the environment (never on the
+/// // command line: docs/security.md); without a secret `new` returns `Error::MissingSecret`.
+/// # std::env::set_var("MY_JOB_STORE", StoreAddress::unique("my-job")?.to_string());
+/// let store = SocketStore::new(&StoreAddress::from_env("MY_JOB_STORE")?, rank, world, Duration::from_secs(30))?;
 /// let comm = Communicator::new(&store, symm_allreduce::context(0)?, Config::default())?;
 /// # Ok(()) }
 /// ```
@@ -174,6 +220,8 @@ pub struct SocketStore {
     seq: Cell<u64>,
     /// Set after the first failure; every later exchange returns it.
     broken: RefCell<Option<(usize, String)>>,
+    /// The current exchange: what it is and when it started (for error messages).
+    step: Cell<(&'static str, Instant)>,
 }
 
 #[derive(Debug)]
@@ -218,12 +266,18 @@ impl SocketStore {
             ));
         }
         let secret = address.secret()?;
+        // One deadline for the whole constructor: connecting, the hellos and the first
+        // exchange together take at most `timeout`, whatever rank 0 or anyone else does.
+        let started = Instant::now();
+        let deadline = started + timeout;
         let links = if world == 1 {
             Links::Alone
         } else if rank == 0 {
-            Links::Root(accept_all(address, &secret, world, timeout, &options)?)
+            Links::Root(accept_all(address, &secret, world, started, timeout, &options)?)
         } else {
-            Links::Leaf(connect(address, &secret, rank, world, timeout, &options)?)
+            Links::Leaf(connect(
+                address, &secret, rank, world, started, timeout, &options,
+            )?)
         };
         let store = SocketStore {
             rank,
@@ -232,10 +286,11 @@ impl SocketStore {
             links,
             seq: Cell::new(0),
             broken: RefCell::new(None),
+            step: Cell::new(("joining", started)),
         };
         // Rank 0 answers only once all ranks are in, so every rank leaves together (or with
         // the reason it could not).
-        store.all_gather(&[])?;
+        store.gather(&[], "joining", started, deadline)?;
         Ok(store)
     }
 
@@ -261,6 +316,7 @@ impl SocketStore {
     fn fail(&self, rank: usize, reason: String) -> Error {
         if let Links::Root(peers) = &self.links {
             let payload = abort_payload(rank, &reason);
+            // One short deadline for all: a peer that does not read costs at most this.
             let deadline = Instant::now() + Duration::from_millis(500);
             for s in peers {
                 let _ = write_frame(s, Kind::Abort, self.seq.get(), &payload, deadline);
@@ -275,7 +331,15 @@ impl SocketStore {
     }
 
     fn io_failure(&self, peer: usize, e: io::Error) -> Error {
-        self.fail(peer, describe_io(peer, &e, self.timeout))
+        let (step, started) = self.step.get();
+        self.fail(
+            peer,
+            format!(
+                "{} ({step}, exchange #{})",
+                describe_io(peer, &e, started.elapsed(), self.timeout),
+                self.seq.get()
+            ),
+        )
     }
 
     /// A frame a leaf received from rank 0 that is not the expected answer.
@@ -309,46 +373,15 @@ impl Bootstrap for SocketStore {
     }
 
     fn all_gather(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
-        let seq = self.next_seq()?;
-        let deadline = Instant::now() + self.timeout;
-        match &self.links {
-            Links::Alone => Ok(vec![bytes.to_vec()]),
-            Links::Root(peers) => {
-                let mut parts = vec![bytes.to_vec()];
-                for (i, s) in peers.iter().enumerate() {
-                    let q = i + 1;
-                    let (header, payload) = read_frame(s, deadline).map_err(|e| self.io_failure(q, e))?;
-                    if check_sequence(&header, Kind::Bytes, seq).is_err() {
-                        return Err(self.fail(q, mismatch(q, header, Kind::Bytes, seq)));
-                    }
-                    parts.push(payload);
-                }
-                let gathered = encode_gathered(&parts);
-                for (i, s) in peers.iter().enumerate() {
-                    write_frame(s, Kind::Gathered, seq, &gathered, deadline)
-                        .map_err(|e| self.io_failure(i + 1, e))?;
-                }
-                Ok(parts)
-            }
-            Links::Leaf(root) => {
-                write_frame(root, Kind::Bytes, seq, bytes, deadline).map_err(|e| self.io_failure(0, e))?;
-                let (header, payload) = read_frame(root, deadline).map_err(|e| self.io_failure(0, e))?;
-                if check_sequence(&header, Kind::Gathered, seq).is_err() {
-                    return Err(self.unexpected(header, &payload, Kind::Gathered, seq));
-                }
-                decode_gathered(&payload, self.world).map_err(|e| {
-                    self.fail(
-                        0,
-                        format!("rank 0's all-gather answer was refused: {e} (mismatched crate versions?)"),
-                    )
-                })
-            }
-        }
+        let started = Instant::now();
+        self.gather(bytes, "all-gather", started, started + self.timeout)
     }
 
     fn all_gather_fds(&self, fd: BorrowedFd<'_>) -> Result<Vec<OwnedFd>> {
         let seq = self.next_seq()?;
-        let deadline = Instant::now() + self.timeout;
+        let started = Instant::now();
+        self.step.set(("descriptor all-gather", started));
+        let deadline = started + self.timeout;
         let own = fd.try_clone_to_owned().map_err(|e| Error::Bootstrap {
             reason: format!("dup of a file descriptor failed: {e}"),
         })?;
@@ -406,199 +439,261 @@ impl Bootstrap for SocketStore {
             }
         }
     }
+
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
 }
 
-/// Rank 0: listen, then accept and check a hello from every other rank.
+impl SocketStore {
+    /// One all-gather, every wait bounded by `deadline`.
+    fn gather(
+        &self,
+        bytes: &[u8],
+        step: &'static str,
+        started: Instant,
+        deadline: Instant,
+    ) -> Result<Vec<Vec<u8>>> {
+        let seq = self.next_seq()?;
+        self.step.set((step, started));
+        match &self.links {
+            Links::Alone => Ok(vec![bytes.to_vec()]),
+            Links::Root(peers) => {
+                let mut parts = vec![bytes.to_vec()];
+                for (i, s) in peers.iter().enumerate() {
+                    let q = i + 1;
+                    let (header, payload) = read_frame(s, deadline).map_err(|e| self.io_failure(q, e))?;
+                    if check_sequence(&header, Kind::Bytes, seq).is_err() {
+                        return Err(self.fail(q, mismatch(q, header, Kind::Bytes, seq)));
+                    }
+                    parts.push(payload);
+                }
+                let gathered = encode_gathered(&parts);
+                for (i, s) in peers.iter().enumerate() {
+                    write_frame(s, Kind::Gathered, seq, &gathered, deadline)
+                        .map_err(|e| self.io_failure(i + 1, e))?;
+                }
+                Ok(parts)
+            }
+            Links::Leaf(root) => {
+                write_frame(root, Kind::Bytes, seq, bytes, deadline).map_err(|e| self.io_failure(0, e))?;
+                let (header, payload) = read_frame(root, deadline).map_err(|e| self.io_failure(0, e))?;
+                if check_sequence(&header, Kind::Gathered, seq).is_err() {
+                    return Err(self.unexpected(header, &payload, Kind::Gathered, seq));
+                }
+                decode_gathered(&payload, self.world).map_err(|e| {
+                    self.fail(
+                        0,
+                        format!("rank 0's all-gather answer was refused: {e} (mismatched crate versions?)"),
+                    )
+                })
+            }
+        }
+    }
+}
+
+/// Rank 0: listen, then admit a hello from every other rank through a [`Gate`] (every
+/// unauthenticated connection handled concurrently, none for longer than its greeting).
 fn accept_all(
     address: &StoreAddress,
     secret: &Secret,
     world: usize,
+    started: Instant,
     timeout: Duration,
     options: &StoreOptions,
 ) -> Result<Vec<UnixStream>> {
-    let deadline = Instant::now() + timeout;
-    let listener = listen(address)?;
+    let deadline = started + timeout;
+    let listener = listen(address, deadline)?;
     // Removes the socket file on every way out of this function: peers are connected (or the
     // group failed) by then, so nobody needs it again.
     let _cleanup = RemoveOnDrop(address.file());
-    let mut refused: Vec<String> = Vec::new();
     let address = &address.redacted();
-    listener.set_nonblocking(true).map_err(|e| Error::Bootstrap {
-        reason: format!("cannot make the listening socket non-blocking: {e}"),
+    let greeting = Greeting {
+        header: encode_header(Header {
+            kind: Kind::Hello,
+            seq: 0,
+            len: HELLO_BYTES as u64,
+        }),
+        any_seq: false,
+        fds: 0,
+        tell: true,
+    };
+    let mut gate = Gate::new(&listener, *options, greeting).map_err(|e| Error::Bootstrap {
+        reason: format!("cannot make the listening socket at {address} non-blocking: {e}"),
     })?;
     let mut peers: Vec<Option<UnixStream>> = (1..world).map(|_| None).collect();
     let abort_all = |peers: &[Option<UnixStream>], rank: usize, reason: &str| {
         let payload = abort_payload(rank, reason);
+        let until = Instant::now() + Duration::from_millis(500);
         for s in peers.iter().flatten() {
-            let _ = write_frame(
-                s,
-                Kind::Abort,
-                0,
-                &payload,
-                Instant::now() + Duration::from_millis(500),
-            );
+            let _ = write_frame(s, Kind::Abort, 0, &payload, until);
         }
     };
+    let mut arrivals = Vec::new();
     while peers.iter().any(Option::is_none) {
-        let stream = match listener.accept() {
-            Ok((s, _)) => s,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {
-                if Instant::now() >= deadline {
-                    let missing: Vec<usize> = peers
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, p)| p.is_none())
-                        .map(|(i, _)| i + 1)
-                        .collect();
-                    let refusals = match refused.last() {
-                        None => String::new(),
-                        Some(last) => format!(
-                            " ({} connection(s) were refused, the last because: {last})",
-                            refused.len()
-                        ),
-                    };
-                    let reason = format!(
-                        "rank 0 waited {timeout:?} at {address} but rank(s) {missing:?} never connected{refusals}"
-                    );
-                    abort_all(&peers, missing[0], &reason);
-                    return Err(Error::PeerSetupFailed {
-                        step: "socket store",
-                        rank: Some(missing[0]),
-                        reason,
-                    });
-                }
-                std::thread::sleep(Duration::from_millis(2));
-                continue;
-            }
-            Err(e) => {
-                return Err(Error::Bootstrap {
-                    reason: format!("accept on {address} failed: {e}"),
-                })
-            }
-        };
-        // Another user's process is refused before a byte is read from it.
-        if let Err(why) = frames::admit(&stream, options) {
-            refused.push(why);
-            continue;
-        }
-        // A connection that does not say hello (with the secret) in time is not one of ours:
-        // tell it why and drop it. Nothing but that reason is ever sent to it.
-        let hello_deadline = deadline.min(Instant::now() + Duration::from_secs(5));
-        let hello = stream
-            .set_nonblocking(false)
-            .map_err(|e| e.to_string())
-            .and_then(|()| {
-                read_frame_bounded(&stream, hello_deadline, MAX_HELLO_BYTES, 0).map_err(|e| e.to_string())
-            })
-            .and_then(|(header, payload, _)| {
-                check_sequence(&header, Kind::Hello, 0)
-                    .and_then(|()| decode_hello(&payload, secret))
-                    .map_err(|e| e.to_string())
-            });
-        let (rank, their_world) = match hello {
-            Ok(v) => v,
-            Err(why) => {
-                let _ = write_frame(&stream, Kind::Refused, 0, why.as_bytes(), hello_deadline);
-                refused.push(why);
-                continue;
-            }
-        };
-        let problem = if their_world != world {
-            Some(format!(
-                "rank {rank} joined {address} for a world of {their_world}, rank 0 for a world of {world}"
-            ))
-        } else if rank == 0 || rank >= world {
-            Some(format!(
-                "a process joined {address} as rank {rank} of a world of {world}"
-            ))
-        } else if peers[rank - 1].is_some() {
-            Some(format!("two processes joined {address} as rank {rank}"))
-        } else {
-            None
-        };
-        if let Some(reason) = problem {
-            let _ = write_frame(&stream, Kind::Abort, 0, &abort_payload(0, &reason), deadline);
-            abort_all(&peers, rank.min(world - 1), &reason);
+        if Instant::now() >= deadline {
+            let missing: Vec<usize> = peers
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.is_none())
+                .map(|(i, _)| i + 1)
+                .collect();
+            let reason = format!(
+                "rank 0 waited {:.1?} (timeout {timeout:?}) at {address} but rank(s) {missing:?} never \
+                 connected{}",
+                started.elapsed(),
+                gate.refusals.summary()
+            );
+            abort_all(&peers, missing[0], &reason);
             return Err(Error::PeerSetupFailed {
                 step: "socket store",
-                rank: Some(rank.min(world - 1)),
+                rank: Some(missing[0]),
                 reason,
             });
         }
-        peers[rank - 1] = Some(stream);
+        gate.step(deadline, &mut arrivals).map_err(|e| Error::Bootstrap {
+            reason: format!("accept on {address} failed after {:.1?}: {e}", started.elapsed()),
+        })?;
+        for arrival in arrivals.drain(..) {
+            let (rank, their_world) = match decode_hello(&arrival.payload, secret) {
+                Ok(v) => v,
+                Err(why) => {
+                    // A whole hello with a wrong secret: tell it why (it is this user's
+                    // process) and drop it; nothing else is ever sent to it.
+                    let why = why.to_string();
+                    refuse(&arrival.stream, &why);
+                    gate.refusals.note(Refusal::Rejected, || {
+                        format!("{}: {why}", arrival.creds.describe())
+                    });
+                    continue;
+                }
+            };
+            let problem = if their_world != world {
+                Some(format!(
+                    "rank {rank} joined {address} for a world of {their_world}, rank 0 for a world of {world}"
+                ))
+            } else if rank == 0 || rank >= world {
+                Some(format!(
+                    "a process joined {address} as rank {rank} of a world of {world}"
+                ))
+            } else if peers[rank - 1].is_some() {
+                Some(format!("two processes joined {address} as rank {rank}"))
+            } else {
+                None
+            };
+            let stream = arrival.stream;
+            if let Some(reason) = problem {
+                let _ = stream.set_nonblocking(false);
+                let _ = write_frame(
+                    &stream,
+                    Kind::Abort,
+                    0,
+                    &abort_payload(0, &reason),
+                    Instant::now() + Duration::from_millis(500),
+                );
+                abort_all(&peers, rank.min(world - 1), &reason);
+                return Err(Error::PeerSetupFailed {
+                    step: "socket store",
+                    rank: Some(rank.min(world - 1)),
+                    reason,
+                });
+            }
+            // From here on every read and write of this rank's connection has a deadline.
+            stream.set_nonblocking(false).map_err(|e| Error::Bootstrap {
+                reason: format!("the connection of rank {rank} failed: {e}"),
+            })?;
+            peers[rank - 1] = Some(stream);
+        }
     }
-    Ok(peers.into_iter().map(|p| p.expect("all connected")).collect())
+    Ok(peers.into_iter().flatten().collect())
 }
 
-fn listen(full: &StoreAddress) -> Result<UnixListener> {
+/// Binds rank 0's socket. A socket file left by a dead run is replaced; the check for one is a
+/// non-blocking connect, so a live listener with a full backlog (a squatter) is an error at
+/// once rather than a wait.
+fn listen(full: &StoreAddress, deadline: Instant) -> Result<UnixListener> {
     let address = &full.redacted();
     let addr = full.socket_addr().map_err(|e| Error::Bootstrap {
         reason: format!("{address} is not a valid Unix socket address: {e}"),
     })?;
-    match UnixListener::bind_addr(&addr) {
-        Ok(l) => Ok(l),
-        Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
-            // A socket file nobody listens on is left over from a dead run: replace it.
-            let file = full.file();
-            let stale = file.is_some()
-                && UnixStream::connect_addr(&addr)
-                    .is_err_and(|e| e.kind() == io::ErrorKind::ConnectionRefused);
-            if let (true, Some(p)) = (stale, file) {
-                let _ = std::fs::remove_file(p);
-                return UnixListener::bind_addr(&addr).map_err(|e| Error::Bootstrap {
-                    reason: format!("cannot listen on {address}: {e}"),
-                });
+    let in_use = |why: &str| Error::Bootstrap {
+        reason: format!(
+            "{address} is in use by another live socket ({why}; another job, or a squatter?): give each \
+             group its own address, in a directory only this user can write to"
+        ),
+    };
+    loop {
+        match UnixListener::bind_addr(&addr) {
+            Ok(l) => return Ok(l),
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+                let Some(file) = full.file() else {
+                    return Err(in_use("the abstract name is bound"));
+                };
+                let target = unix_addr(&addr).map_err(|e| Error::Bootstrap {
+                    reason: format!("{address} is not a valid Unix socket address: {e}"),
+                })?;
+                match dial(&target) {
+                    Dial::Connected(_) => return Err(in_use("it accepts connections")),
+                    Dial::Retry(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                        // Nobody listens: left over from a dead run.
+                        let _ = std::fs::remove_file(&file);
+                    }
+                    // Gone meanwhile: bind again.
+                    Dial::Retry(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Dial::Retry(e) | Dial::Failed(e) => return Err(in_use(&e.to_string())),
+                }
+                if Instant::now() >= deadline {
+                    return Err(in_use("it kept coming back"));
+                }
             }
-            Err(Error::Bootstrap {
-                reason: format!(
-                    "{address} is in use by another live socket (another job?): give each group its own address"
-                ),
-            })
+            Err(e) => {
+                return Err(Error::Bootstrap {
+                    reason: format!("cannot listen on {address}: {e}"),
+                })
+            }
         }
-        Err(e) => Err(Error::Bootstrap {
-            reason: format!("cannot listen on {address}: {e}"),
-        }),
     }
 }
 
-/// Any rank but 0: connect (retrying until rank 0 listens) and say hello.
+/// Any rank but 0: connect (non-blocking, retrying until rank 0 listens and has room in its
+/// backlog, never past the deadline) and say hello.
 fn connect(
     address: &StoreAddress,
     secret: &Secret,
     rank: usize,
     world: usize,
+    started: Instant,
     timeout: Duration,
     options: &StoreOptions,
 ) -> Result<UnixStream> {
-    let deadline = Instant::now() + timeout;
+    let deadline = started + timeout;
     let shown = address.redacted();
-    let addr = address.socket_addr().map_err(|e| Error::Bootstrap {
-        reason: format!("{shown} is not a valid Unix socket address: {e}"),
-    })?;
+    let addr = address
+        .socket_addr()
+        .and_then(|a| unix_addr(&a))
+        .map_err(|e| Error::Bootstrap {
+            reason: format!("{shown} is not a valid Unix socket address: {e}"),
+        })?;
     let stream = loop {
-        match UnixStream::connect_addr(&addr) {
-            Ok(s) => break s,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
-                ) =>
-            {
+        match dial(&addr) {
+            Dial::Connected(s) => break s,
+            Dial::Retry(e) => {
                 if Instant::now() >= deadline {
                     return Err(Error::PeerSetupFailed {
                         step: "socket store",
                         rank: Some(0),
                         reason: format!(
-                            "rank {rank} could not reach rank 0 at {shown} within {timeout:?} ({e}): is rank 0 \
-                             running, with the same address?"
+                            "rank {rank} could not connect to rank 0 at {shown}: tried for {:.1?} (timeout \
+                             {timeout:?}), last because {e}: is rank 0 running, with the same address?",
+                            started.elapsed()
                         ),
                     });
                 }
-                std::thread::sleep(Duration::from_millis(10));
+                std::thread::sleep(DIAL_RETRY);
             }
-            Err(e) => {
+            Dial::Failed(e) => {
                 return Err(Error::Bootstrap {
-                    reason: format!("cannot connect to {shown}: {e}"),
+                    reason: format!("rank {rank} cannot connect to {shown}: {e}"),
                 })
             }
         }
@@ -608,11 +703,17 @@ fn connect(
         reason: format!("the process listening on {shown} is not admitted ({why}); nothing was sent to it"),
     })?;
     let hello = encode_hello(rank, world, secret);
-    write_frame(&stream, Kind::Hello, 0, &hello, deadline).map_err(|e| Error::PeerSetupFailed {
-        step: "socket store",
-        rank: Some(0),
-        reason: describe_io(0, &e, timeout),
-    })?;
+    stream
+        .set_nonblocking(false)
+        .and_then(|()| write_frame(&stream, Kind::Hello, 0, &hello, deadline))
+        .map_err(|e| Error::PeerSetupFailed {
+            step: "socket store",
+            rank: Some(0),
+            reason: format!(
+                "{} (rank {rank} sending its hello)",
+                describe_io(0, &e, started.elapsed(), timeout)
+            ),
+        })?;
     Ok(stream)
 }
 
@@ -636,18 +737,19 @@ fn mismatch(peer: usize, header: Header, expected: Kind, seq: u64) -> String {
     )
 }
 
-fn describe_io(peer: usize, e: &io::Error, timeout: Duration) -> String {
+fn describe_io(peer: usize, e: &io::Error, elapsed: Duration, timeout: Duration) -> String {
     match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-            format!("rank {peer} did not answer within {timeout:?} (stuck, or at a different setup step)")
-        }
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => format!(
+            "rank {peer} did not answer: waited {elapsed:.1?} (timeout {timeout:?}; stuck, or at a different \
+             setup step)"
+        ),
         io::ErrorKind::UnexpectedEof
         | io::ErrorKind::ConnectionReset
         | io::ErrorKind::BrokenPipe
         | io::ErrorKind::ConnectionAborted => {
-            format!("rank {peer} closed its connection (the process exited or crashed)")
+            format!("rank {peer} closed its connection after {elapsed:.1?} (the process exited or crashed)")
         }
-        _ => format!("talking to rank {peer} failed: {e}"),
+        _ => format!("talking to rank {peer} failed after {elapsed:.1?}: {e}"),
     }
 }
 
@@ -916,6 +1018,28 @@ mod tests {
             StoreAddress::parse("@x#zz").secret(),
             Err(Error::MissingSecret { .. })
         ));
+    }
+
+    #[test]
+    fn addresses_come_from_the_environment_or_a_private_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let a = unique();
+        let var = format!("SYMM_TEST_ADDR_{}", hex::encode(random_token()));
+        std::env::set_var(&var, a.to_string());
+        assert_eq!(StoreAddress::from_env(&var).unwrap(), a);
+        std::env::remove_var(&var);
+        assert!(matches!(
+            StoreAddress::from_env(&var),
+            Err(Error::Bootstrap { .. })
+        ));
+        let path = std::env::temp_dir().join(format!("symm-addr-{}", hex::encode(random_token())));
+        std::fs::write(&path, format!("{a}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = StoreAddress::from_file(&path).unwrap_err();
+        assert!(e.to_string().contains("chmod 600"), "{e}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(StoreAddress::from_file(&path).unwrap(), a);
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]
