@@ -110,12 +110,21 @@ fn run_scenario(g: &mut Group, len: usize, choices: &[Choice], seed: u64) -> (Ve
     for r in 0..world {
         let s = &g.streams[r];
         let b = &mut g.bufs[r];
-        let pool_gets = matches!(choices[r], Choice::PoolAsPlain | Choice::PoolInPlace | Choice::PoolOut);
-        let (into_input, into_pool) = if pool_gets { (&canary[r], &inputs[r]) } else { (&inputs[r], &canary[r]) };
+        let pool_gets = matches!(
+            choices[r],
+            Choice::PoolAsPlain | Choice::PoolInPlace | Choice::PoolOut
+        );
+        let (into_input, into_pool) = if pool_gets {
+            (&canary[r], &inputs[r])
+        } else {
+            (&inputs[r], &canary[r])
+        };
         let offset = usize::from(choices[r] == Choice::PlainOffset);
-        s.memcpy_htod(into_input, &mut b.input.slice_mut(offset..offset + len)).unwrap();
+        s.memcpy_htod(into_input, &mut b.input.slice_mut(offset..offset + len))
+            .unwrap();
         s.memcpy_htod(into_pool, &mut b.pool).unwrap();
-        s.memcpy_htod(&vec![bf16::from_f32(-7.0); len + 8], &mut b.output).unwrap();
+        s.memcpy_htod(&vec![bf16::from_f32(-7.0); len + 8], &mut b.output)
+            .unwrap();
         s.synchronize().unwrap();
     }
     let mut launch_errors: Vec<Option<String>> = vec![None; world];
@@ -124,7 +133,9 @@ fn run_scenario(g: &mut Group, len: usize, choices: &[Choice], seed: u64) -> (Ve
         let result = match choices[r] {
             Choice::Plain => c.all_reduce(&b.input.slice(..len), &mut b.output.slice_mut(..len), s),
             Choice::PlainInPlace => c.all_reduce_in_place(&mut b.input.slice_mut(..len), s, Algorithm::Auto),
-            Choice::PlainOffset => c.all_reduce(&b.input.slice(1..len + 1), &mut b.output.slice_mut(3..len + 3), s),
+            Choice::PlainOffset => {
+                c.all_reduce(&b.input.slice(1..len + 1), &mut b.output.slice_mut(3..len + 3), s)
+            }
             Choice::PoolAsPlain => c.all_reduce(&b.pool, &mut b.output.slice_mut(..len), s),
             Choice::PoolInPlace => c.all_reduce_pool(&mut b.pool, s),
             Choice::PoolOut => c.all_reduce_from_pool(&b.pool, &mut b.output.slice_mut(..len), s),
@@ -143,10 +154,16 @@ fn run_scenario(g: &mut Group, len: usize, choices: &[Choice], seed: u64) -> (Ve
         }
         .unwrap();
         let pool_now = s.clone_dtoh(&b.pool).unwrap();
-        let pool_passed = matches!(choices[r], Choice::PoolAsPlain | Choice::PoolInPlace | Choice::PoolOut);
+        let pool_passed = matches!(
+            choices[r],
+            Choice::PoolAsPlain | Choice::PoolInPlace | Choice::PoolOut
+        );
         if !pool_passed {
             assert!(
-                pool_now.iter().zip(&canary[r]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                pool_now
+                    .iter()
+                    .zip(&canary[r])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{choices:?} len {len}: rank {r}'s pool buffer changed although rank {r} did not pass it"
             );
         }
@@ -161,7 +178,10 @@ fn run_scenario(g: &mut Group, len: usize, choices: &[Choice], seed: u64) -> (Ve
 
 /// Every rank right, or every rank failed within twice the timeout.
 fn judge(what: &str, outcomes: &[Outcome], inputs: &[Vec<bf16>], took: Duration) -> bool {
-    let failed = outcomes.iter().filter(|o| matches!(o, Outcome::Failed(_))).count();
+    let failed = outcomes
+        .iter()
+        .filter(|o| matches!(o, Outcome::Failed(_)))
+        .count();
     if failed == 0 {
         let expected = emulate(inputs);
         for (r, o) in outcomes.iter().enumerate() {
@@ -208,13 +228,21 @@ fn rank_local_choices(ctx: Arc<CudaContext>) {
                         // A group that agreed is right in its next call too.
                         let plain = vec![Choice::Plain; world];
                         let (outcomes, inputs) = run_scenario(&mut g, len, &plain, 999);
-                        assert!(judge(&format!("{what}, next call"), &outcomes, &inputs, Duration::ZERO));
+                        assert!(judge(
+                            &format!("{what}, next call"),
+                            &outcomes,
+                            &inputs,
+                            Duration::ZERO
+                        ));
                     }
                 }
             }
         }
     }
-    eprintln!("{pairs} pairs of choices: {} right on every rank, {failures} failed on every rank", pairs - failures);
+    eprintln!(
+        "{pairs} pairs of choices: {} right on every rank, {failures} failed on every rank",
+        pairs - failures
+    );
 }
 
 /// `calls[r]` on rank r (length and whether f16 instead of bf16) with the divergence check off:
@@ -315,16 +343,27 @@ fn mixed_eager_captured_and_replayed_calls(ctx: Arc<CudaContext>) {
                     .map(|_| (0..CALLS).map(|_| random_input(&mut gen, len)).collect())
                     .collect();
                 let d_in: Vec<Vec<CudaSlice<f32>>> = (0..world)
-                    .map(|r| inputs[r].iter().map(|x| streams[r][0].clone_htod(x).unwrap()).collect())
+                    .map(|r| {
+                        inputs[r]
+                            .iter()
+                            .map(|x| streams[r][0].clone_htod(x).unwrap())
+                            .collect()
+                    })
                     .collect();
                 let mut d_out: Vec<Vec<CudaSlice<f32>>> = (0..world)
-                    .map(|r| (0..CALLS).map(|_| streams[r][0].alloc_zeros(len).unwrap()).collect())
+                    .map(|r| {
+                        (0..CALLS)
+                            .map(|_| streams[r][0].alloc_zeros(len).unwrap())
+                            .collect()
+                    })
                     .collect();
                 for s in streams.iter().flatten() {
                     s.synchronize().unwrap();
                 }
                 let call = |r: usize, k: usize, s: &Arc<CudaStream>, d_out: &mut Vec<Vec<CudaSlice<f32>>>| {
-                    comms[r].all_reduce_with(&d_in[r][k], &mut d_out[r][k], s, algo).unwrap();
+                    comms[r]
+                        .all_reduce_with(&d_in[r][k], &mut d_out[r][k], s, algo)
+                        .unwrap();
                 };
                 // 1: eager on A, behind a slow kernel.
                 for r in 0..world {
@@ -335,13 +374,16 @@ fn mixed_eager_captured_and_replayed_calls(ctx: Arc<CudaContext>) {
                 let mut graphs = Vec::new();
                 for r in 0..world {
                     let b = &streams[r][1];
-                    b.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
+                    b.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+                        .unwrap();
                     call(r, 1, b, &mut d_out);
                     call(r, 2, b, &mut d_out);
                     graphs.push(
-                        b.end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY)
-                            .unwrap()
-                            .expect("a graph"),
+                        b.end_capture(
+                            CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY,
+                        )
+                        .unwrap()
+                        .expect("a graph"),
                     );
                 }
                 // 3: eager on A; 4: replay on B; 5: eager on A.
@@ -372,7 +414,9 @@ fn mixed_eager_captured_and_replayed_calls(ctx: Arc<CudaContext>) {
                 let done = if streams_per_rank == 3 { 7 } else { 5 };
                 for r in 0..world {
                     for s in &streams[r] {
-                        comms[r].synchronize(s).unwrap_or_else(|e| panic!("{what}: rank {r}: {e}"));
+                        comms[r]
+                            .synchronize(s)
+                            .unwrap_or_else(|e| panic!("{what}: rank {r}: {e}"));
                     }
                 }
                 for k in 0..done {

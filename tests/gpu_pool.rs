@@ -24,6 +24,9 @@ use symm_allreduce::{Algorithm, Communicator, Config, DType, Element, Error, Sym
 
 const WORLDS: [usize; 4] = [2, 3, 4, 8];
 
+/// `Config::default()`'s low-latency limit: pool calls up to it take the low-latency kernel.
+const LOW_LATENCY_MAX: usize = 32 << 10;
+
 fn config(capacity_bytes: usize, pool_bytes: usize) -> Config {
     Config {
         capacity_bytes,
@@ -136,7 +139,11 @@ fn pool_zero_copy_every_dtype_and_world_back_to_back(ctx: Arc<CudaContext>) {
         let mut keep = Vec::new();
         for (i, &len) in [1usize, 7, 8, 9, 1000, 65_537, 1_000_003, 3].iter().enumerate() {
             let p = comms[0].pool_path(len, T::DTYPE, false).unwrap();
-            assert!(p.reason.starts_with("zero-copy (pool)"), "{p}");
+            if len * T::DTYPE.size() <= LOW_LATENCY_MAX {
+                assert_eq!(p.algorithm, Algorithm::LowLatency, "{p}");
+            } else {
+                assert!(p.reason.starts_with("zero-copy (pool)"), "{p}");
+            }
             let inputs: Vec<Vec<T>> = (0..w).map(|_| random_input(&mut g, len)).collect();
             let outs = pool_round(comms, streams, &inputs).unwrap();
             verify(&inputs, &outs, &format!("pool {} W={w} len={len}", T::DTYPE)).unwrap();
@@ -165,8 +172,8 @@ fn pool_zero_copy_every_dtype_and_world_back_to_back(ctx: Arc<CudaContext>) {
     }
 }
 
-/// Out of place from a pool buffer (`all_reduce(&pool_buffer, &mut out)` with `Auto`): the
-/// zero-copy two-shot, every dtype and world, outputs at element offsets 0 and 3, the input
+/// Out of place from a pool buffer (`all_reduce_from_pool`): the low-latency kernel in its
+/// range, the zero-copy two-shot above it, every dtype and world, outputs at element offsets 0 and 3, the input
 /// left as it was. Then 20 calls back to back per rank without a host sync, each rewriting the
 /// pool input (a device copy on the rank's stream) right after the previous call: the input
 /// may be overwritten as soon as the call is complete on the stream.
@@ -176,7 +183,11 @@ fn pool_input_out_of_place_zero_copy_every_dtype_and_world(ctx: Arc<CudaContext>
         let mut g = rng(seed);
         for &len in &[1usize, 7, 9, 1000, 65_537, 1_000_003] {
             let p = comms[0].pool_path(len, T::DTYPE, true).unwrap();
-            assert!(p.reason.starts_with("zero-copy (pool): two-shot"), "{p}");
+            if len * T::DTYPE.size() <= LOW_LATENCY_MAX {
+                assert_eq!(p.algorithm, Algorithm::LowLatency, "{p}");
+            } else {
+                assert!(p.reason.starts_with("zero-copy (pool): two-shot"), "{p}");
+            }
             let inputs: Vec<Vec<T>> = (0..w).map(|_| random_input(&mut g, len)).collect();
             let mut bufs: Vec<SymmetricTensor<T>> = (0..w)
                 .map(|r| comms[r].alloc_symmetric::<T>(len, &streams[r]).unwrap())
@@ -190,7 +201,9 @@ fn pool_input_out_of_place_zero_copy_every_dtype_and_world(ctx: Arc<CudaContext>
                 }
                 for r in 0..w {
                     let mut out = outs[r].slice_mut(off..off + len);
-                    comms[r].all_reduce(&bufs[r], &mut out, &streams[r]).unwrap();
+                    comms[r]
+                        .all_reduce_from_pool(&bufs[r], &mut out, &streams[r])
+                        .unwrap();
                 }
                 sync_all(comms, streams).unwrap();
                 let got: Vec<Vec<T>> = (0..w)
@@ -243,7 +256,7 @@ fn pool_input_out_of_place_zero_copy_every_dtype_and_world(ctx: Arc<CudaContext>
             for r in 0..w {
                 streams[r].memcpy_dtod(&staging[c][r], &mut bufs[r]).unwrap();
                 comms[r]
-                    .all_reduce(&bufs[r], &mut outs[c][r], &streams[r])
+                    .all_reduce_from_pool(&bufs[r], &mut outs[c][r], &streams[r])
                     .unwrap();
             }
         }
@@ -540,8 +553,9 @@ fn views_at_element_offsets_every_dtype_algorithm_and_world(ctx: Arc<CudaContext
                 }
             }
         }
-        // Views of pool buffers: 16-byte aligned ones go zero-copy, the others are copied in
-        // (all_reduce_in_place with Auto), both correct; the bytes around the view untouched.
+        // Views of pool buffers passed to all_reduce_in_place are ordinary buffers (copied
+        // in: only all_reduce_pool reduces zero-copy), correct; the bytes around the view
+        // untouched.
         for &len in &[1usize, 9, 4099] {
             for off in [1usize, 3, 8] {
                 let what = format!("{} W={w} pool view len={len} +{off}", T::DTYPE);
@@ -657,16 +671,17 @@ fn pool_exhausted_and_foreign_buffers_are_typed_errors(ctx: Arc<CudaContext>) {
 /// every rank (Error::PoolMismatch from synchronize on every rank), and no pool byte changes.
 /// Case A: different offsets (rank 0 has one more live buffer). Case B: same offset, different
 /// sequence numbers (rank 0 allocated and dropped one more buffer). Case C: the same
-/// allocation everywhere, but the last rank passes a view at another (16-byte aligned) offset
-/// of it.
+/// allocations everywhere, but the last rank passes its second buffer. Sizes above the
+/// low-latency range (there the pool call takes the low-latency kernel, which reads no peer's
+/// pool memory).
 fn diverged_allocation_sequences_are_refused_on_every_rank(ctx: Arc<CudaContext>) {
     for (case, w) in [("A", 2usize), ("B", 3), ("C", 4), ("A", 8)] {
         let cfg = Config {
             timeout: std::time::Duration::from_secs(2),
-            ..config(1 << 20, 1 << 20)
+            ..config(1 << 20, 4 << 20)
         };
         let (comms, streams) = group(&ctx, w, cfg);
-        let len = 4096;
+        let len = 100_000;
         let mut extra = None;
         if case == "A" {
             extra = Some(comms[0].alloc_symmetric::<f32>(100, &streams[0]).unwrap());
@@ -675,7 +690,10 @@ fn diverged_allocation_sequences_are_refused_on_every_rank(ctx: Arc<CudaContext>
             drop(comms[0].alloc_symmetric::<f32>(100, &streams[0]).unwrap());
         }
         let mut bufs: Vec<SymmetricTensor<f32>> = (0..w)
-            .map(|r| comms[r].alloc_symmetric::<f32>(len + 4, &streams[r]).unwrap())
+            .map(|r| comms[r].alloc_symmetric::<f32>(len, &streams[r]).unwrap())
+            .collect();
+        let mut seconds: Vec<SymmetricTensor<f32>> = (0..w)
+            .map(|r| comms[r].alloc_symmetric::<f32>(len, &streams[r]).unwrap())
             .collect();
         if case == "B" {
             assert_eq!(bufs[0].pool_offset(), bufs[1].pool_offset());
@@ -684,18 +702,16 @@ fn diverged_allocation_sequences_are_refused_on_every_rank(ctx: Arc<CudaContext>
         let mut g = rng(9 + w as u64);
         let inputs: Vec<Vec<f32>> = (0..w).map(|_| random_input(&mut g, len)).collect();
         for r in 0..w {
-            let mut h = inputs[r].clone();
-            h.extend_from_slice(&[0.5; 4]);
-            streams[r].memcpy_htod(&h, &mut bufs[r]).unwrap();
+            streams[r].memcpy_htod(&inputs[r], &mut bufs[r]).unwrap();
+            streams[r].memcpy_htod(&inputs[r], &mut seconds[r]).unwrap();
         }
         for r in 0..w {
-            // Every rank reduces `len` elements of its buffer, from element 0 (case C: the last
-            // rank from element 4).
-            let offset = if case == "C" && r == w - 1 { 4 } else { 0 };
-            let mut view = Raw::<f32>::of(bufs[r].device_address(), offset, len, &streams[r]);
-            comms[r]
-                .all_reduce_in_place(&mut view, &streams[r], Algorithm::Auto)
-                .unwrap();
+            let buf = if case == "C" && r == w - 1 {
+                &mut seconds[r]
+            } else {
+                &mut bufs[r]
+            };
+            comms[r].all_reduce_pool(buf, &streams[r]).unwrap();
         }
         for r in 0..w {
             match comms[r].synchronize(&streams[r]) {
@@ -707,14 +723,16 @@ fn diverged_allocation_sequences_are_refused_on_every_rank(ctx: Arc<CudaContext>
                 comms[r].check_usable(),
                 Err(Error::Poisoned { ref cause }) if matches!(**cause, Error::PoolMismatch { .. })
             ));
-            let mut h = vec![0.0f32; len + 4];
-            streams[r].memcpy_dtoh(&bufs[r], &mut h).unwrap();
-            check_bits(
-                &format!("case {case} W={w} rank {r} untouched"),
-                &inputs[r],
-                &h[..len],
-            )
-            .unwrap();
+            for (which, b) in [("first", &bufs[r]), ("second", &seconds[r])] {
+                let mut h = vec![0.0f32; len];
+                streams[r].memcpy_dtoh(b, &mut h).unwrap();
+                check_bits(
+                    &format!("case {case} W={w} rank {r} {which} untouched"),
+                    &inputs[r],
+                    &h,
+                )
+                .unwrap();
+            }
         }
         drop(extra);
     }

@@ -157,9 +157,19 @@ fn counter_near_2_pow_31_and_2_pow_32_with_a_late_rank(ctx: Arc<CudaContext>) {
 fn calls_past_the_last_epoch_are_refused_on_every_rank(ctx: Arc<CudaContext>) {
     let (comms, streams) = common::group(&ctx, 3, config(1 << 20));
     for r in 0..3 {
-        comms[r].__set_call_counter((1u64 << 48) - 2, &streams[r]).unwrap();
+        comms[r]
+            .__set_call_counter((1u64 << 48) - 2, &streams[r])
+            .unwrap();
     }
-    checked_call::<f32>(&comms, &streams, 5000, How::Forced(Algorithm::OneShot), None, 1, "last epoch");
+    checked_call::<f32>(
+        &comms,
+        &streams,
+        5000,
+        How::Forced(Algorithm::OneShot),
+        None,
+        1,
+        "last epoch",
+    );
     for r in 0..3 {
         let x = streams[r].clone_htod(&[1.0f32; 64]).unwrap();
         let mut y = streams[r].alloc_zeros::<f32>(64).unwrap();
