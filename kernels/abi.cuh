@@ -51,6 +51,8 @@ struct SymmArgs {
 // `SymmArgs::flags`: trigger Programmatic Dependent Launch only when the kernel exits (its
 // output complete), for consumer kernels that read the output without `griddepcontrol.wait`.
 constexpr uint32_t FLAG_PDL_AT_EXIT = 1;
+// `SymmArgs::flags` of the test consumer (symm_consume): it calls `griddepcontrol.wait` first.
+constexpr uint32_t FLAG_CONSUMER_WAITS = 2;
 
 static_assert(sizeof(SymmArgs) == 128, "SymmArgs: ten u64, two u32, four u64, two u32, as in src/kernels/abi.rs");
 static_assert(alignof(SymmArgs) == 8, "SymmArgs is 8-aligned");

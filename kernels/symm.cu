@@ -86,3 +86,18 @@ extern "C" __global__ void __launch_bounds__(symm::THREADS) symm_produce(const v
     uint8_t* d1 = static_cast<uint8_t*>(dst);
     for (uint64_t i = vectors * 16 + tid; i < bytes; i += stride) d1[i] = s1[i];
 }
+
+// Test helper: a consumer of an all-reduce's output launched with programmatic stream
+// serialization (as a PDL-aware kernel after ours would be). It copies `bytes` from `src` to
+// `dst` one byte a thread (grid-stride) after `griddepcontrol.wait` when FLAG_CONSUMER_WAITS is
+// set, or straight away without it: the second is the consumer the PDL contract warns about,
+// which sees the complete output only when the collective triggers at its exit
+// (Config::pdl_at_exit).
+extern "C" __global__ void __launch_bounds__(symm::THREADS) symm_consume(const void* src, void* dst, uint64_t bytes, SymmArgs a) {
+    if (a.flags & symm::FLAG_CONSUMER_WAITS) symm::pdl_wait();
+    const uint64_t tid = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+    const uint8_t* s1 = static_cast<const uint8_t*>(src);
+    uint8_t* d1 = static_cast<uint8_t*>(dst);
+    for (uint64_t i = tid; i < bytes; i += stride) d1[i] = s1[i];
+}

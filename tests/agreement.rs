@@ -471,6 +471,55 @@ fn nothing_is_written_around_a_view(ctx: Arc<CudaContext>) {
     }
 }
 
+/// The PDL contract: a consumer launched with programmatic serialization right after a
+/// collective, which calls `griddepcontrol.wait` before reading, always sees the complete
+/// output; with `Config::pdl_at_exit` one that does not wait sees it too. Low-latency,
+/// one-shot and two-shot kernels, 30 rounds each, bit for bit.
+fn pdl_consumers_see_the_complete_output(ctx: Arc<CudaContext>) {
+    const W: usize = 4;
+    for at_exit in [false, true] {
+        let (comms, streams) = common::group(
+            &ctx,
+            W,
+            Config {
+                pdl_at_exit: at_exit,
+                ..config(false)
+            },
+        );
+        for (algo, len) in [
+            (Algorithm::LowLatency, 8000usize),
+            (Algorithm::OneShot, 100_000),
+            (Algorithm::TwoShot, 500_000),
+        ] {
+            let waits: &[bool] = if at_exit { &[true, false] } else { &[true] };
+            for &wait in waits {
+                for round in 0..30u64 {
+                    let mut gen = rng(round);
+                    let inputs: Vec<Vec<f32>> = (0..W).map(|_| random_input(&mut gen, len)).collect();
+                    let mut bufs = Vec::new();
+                    for r in 0..W {
+                        let s = &streams[r];
+                        let x = s.clone_htod(&inputs[r]).unwrap();
+                        let mut y = s.alloc_zeros::<f32>(len).unwrap();
+                        let mut z = s.alloc_zeros::<f32>(len).unwrap();
+                        s.synchronize().unwrap();
+                        comms[r].all_reduce_with(&x, &mut y, s, algo).unwrap();
+                        comms[r].__launch_consumer(&y, &mut z, wait, s).unwrap();
+                        bufs.push((x, y, z));
+                    }
+                    let expected = emulate(&inputs);
+                    for r in 0..W {
+                        comms[r].synchronize(&streams[r]).unwrap();
+                        let z = streams[r].clone_dtoh(&bufs[r].2).unwrap();
+                        let what = format!("{algo:?} at_exit={at_exit} waits={wait} round {round} rank {r}");
+                        check_bits(&what, &expected, &z).unwrap();
+                    }
+                }
+            }
+        }
+    }
+}
+
 fn main() -> std::process::ExitCode {
     common::harness::run(
         "agreement",
@@ -480,6 +529,7 @@ fn main() -> std::process::ExitCode {
             gpu_test!(mixed_eager_captured_and_replayed_calls),
             gpu_tracked_test!(mixed_calls_with_event_tracking_on),
             gpu_test!(nothing_is_written_around_a_view),
+            gpu_test!(pdl_consumers_see_the_complete_output),
         ],
     )
 }

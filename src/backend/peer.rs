@@ -12,7 +12,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::abi::{
     call_ident, check_shape, fused_check_len, gather_check_len, SymmArgs, BLOCK_STATE_BYTES,
-    FLAG_PDL_AT_EXIT, LL_IDENT_BYTES, LL_IDENT_OFFSET, MAX_BLOCKS, THREADS_PER_BLOCK,
+    FLAG_CONSUMER_WAITS, FLAG_PDL_AT_EXIT, LL_IDENT_BYTES, LL_IDENT_OFFSET, MAX_BLOCKS, THREADS_PER_BLOCK,
 };
 use crate::kernels::coll::{self, GatherCounts};
 use crate::kernels::launch;
@@ -334,6 +334,40 @@ impl PeerBackend {
                 dst,
                 bytes,
                 &self.args,
+                stream,
+            )
+        }
+    }
+
+    /// Copies `bytes` from `src` to `dst` with the test consumer kernel, launched with
+    /// programmatic serialization (when PDL is on), calling `griddepcontrol.wait` first only
+    /// when `waits`. The caller validated both ranges and made the context current.
+    pub(crate) fn launch_consumer(
+        &self,
+        src: u64,
+        dst: u64,
+        bytes: usize,
+        waits: bool,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        const MAX_BLOCKS: usize = 1024;
+        let threads = THREADS_PER_BLOCK as usize;
+        let blocks = bytes.div_ceil(threads).clamp(1, MAX_BLOCKS) as u32;
+        let args = SymmArgs {
+            flags: if waits { FLAG_CONSUMER_WAITS } else { 0 },
+            ..self.args
+        };
+        // SAFETY: the consumer takes (const void*, void*, u64 bytes, SymmArgs), reads only
+        // `flags` of the arguments and copies byte by byte (any alignment); the caller
+        // validated `bytes` against both ranges and their device.
+        unsafe {
+            launch::launch(
+                self.kernels.consume(),
+                (blocks, THREADS_PER_BLOCK, self.pdl),
+                src,
+                dst,
+                bytes,
+                &args,
                 stream,
             )
         }

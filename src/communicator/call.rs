@@ -306,6 +306,42 @@ impl Communicator {
         peer.launch_producer(src_ptr, dst_ptr, shape.input_len * T::DTYPE.size(), stream)
     }
 
+    /// Test hook: copies `src` into `dst` with a consumer kernel launched with programmatic
+    /// stream serialization right after whatever this rank enqueued last on `stream` (the
+    /// situation of a PDL-aware kernel after a collective). With `waits` it calls
+    /// `griddepcontrol.wait` before reading, as the PDL contract asks; without, it reads at
+    /// once, which sees the collective's complete output only with `Config::pdl_at_exit`.
+    /// Not a call of the group. [`Error::LengthMismatch`] or [`Error::WrongDevice`] before
+    /// anything is launched.
+    #[doc(hidden)]
+    pub fn __launch_consumer<T: Element>(
+        &self,
+        src: &impl DevicePtr<T>,
+        dst: &mut impl DevicePtrMut<T>,
+        waits: bool,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let shape = CallShape {
+            dtype: T::DTYPE,
+            input_len: src.len(),
+            output_len: dst.len(),
+            input_addr: 0,
+            output_addr: 0,
+            input_device: src.stream().context().ordinal(),
+            output_device: dst.stream().context().ordinal(),
+            stream_device: stream.context().ordinal(),
+        };
+        validate_lengths(&shape)?;
+        validate_placement(&shape, self.device(), false)?;
+        let peer = self.peer()?;
+        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        let book = self.bookkeeping(stream)?;
+        let (src_ptr, read) = src.device_ptr(book);
+        let (dst_ptr, write) = dst.device_ptr_mut(book);
+        let _records = self.settle(book, stream, (read, write))?;
+        peer.launch_consumer(src_ptr, dst_ptr, shape.input_len * T::DTYPE.size(), waits, stream)
+    }
+
     /// Test hook: sets this rank's device call counter (every rank must be given the same
     /// value, between calls): the protocol near 2^31 and 2^32 calls without waiting days.
     #[doc(hidden)]

@@ -15,7 +15,9 @@ use cudarc::nvrtc::Ptx;
 
 use crate::dtype::DType;
 use crate::error::{CudaResultExt, Error, Result};
-use registry::{Family, Kernel, EMPTY_KERNEL, KERNELS, PRODUCE_KERNEL, SPIN_KERNEL, SYNC_FLOOR_KERNEL};
+use registry::{
+    Family, Kernel, CONSUME_KERNEL, EMPTY_KERNEL, KERNELS, PRODUCE_KERNEL, SPIN_KERNEL, SYNC_FLOOR_KERNEL,
+};
 
 static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kernels.fatbin"));
 static PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
@@ -47,6 +49,7 @@ pub(crate) struct Kernels {
     sync_floor: CudaFunction,
     spin: CudaFunction,
     produce: CudaFunction,
+    consume: CudaFunction,
     arch: u32,
     ordinal: usize,
 }
@@ -91,6 +94,7 @@ impl Kernels {
             sync_floor: load(SYNC_FLOOR_KERNEL)?,
             spin: load(SPIN_KERNEL)?,
             produce: load(PRODUCE_KERNEL)?,
+            consume: load(CONSUME_KERNEL)?,
             arch,
             ordinal: ctx.ordinal(),
         })
@@ -132,6 +136,11 @@ impl Kernels {
 
     pub(crate) fn produce(&self) -> &CudaFunction {
         &self.produce
+    }
+
+    /// The PDL consumer of the tests (`symm_consume`).
+    pub(crate) fn consume(&self) -> &CudaFunction {
+        &self.consume
     }
 
     /// Whether launches may use Programmatic Dependent Launch (compute capability 9.0+).

@@ -174,6 +174,9 @@ pub(crate) const SPIN_KERNEL: &str = "symm_spin";
 /// A byte copy launched as an ordinary kernel: the producer of an all-reduce's input in the
 /// benchmark's producer → all-reduce chain.
 pub(crate) const PRODUCE_KERNEL: &str = "symm_produce";
+/// A byte copy launched with programmatic serialization, waiting for its predecessor or not:
+/// the consumer of the PDL contract's test.
+pub(crate) const CONSUME_KERNEL: &str = "symm_consume";
 
 impl Kernel {
     /// Its row in [`KERNELS`].
@@ -214,7 +217,16 @@ pub(crate) fn symbols() -> Vec<String> {
         .iter()
         .flat_map(|k| DType::ALL.map(|d| format!("symm_{}_{}", k.prefix, d.name())))
         .collect();
-    names.extend([EMPTY_KERNEL, SYNC_FLOOR_KERNEL, SPIN_KERNEL, PRODUCE_KERNEL].map(String::from));
+    names.extend(
+        [
+            EMPTY_KERNEL,
+            SYNC_FLOOR_KERNEL,
+            SPIN_KERNEL,
+            PRODUCE_KERNEL,
+            CONSUME_KERNEL,
+        ]
+        .map(String::from),
+    );
     names
 }
 
