@@ -7,9 +7,10 @@ mod tuning;
 use std::ffi::OsString;
 use std::time::Duration;
 
+pub use crate::error::TuningProblem;
 pub use tuning::{
-    Crossovers, FusedCrossovers, Measured, TuningProblem, TuningTable, TUNING_ENV, TUNING_FORMAT,
-    TUNING_OLDEST_VERSION, TUNING_VERSION, VERSION,
+    Crossovers, FusedCrossovers, Measured, TuningTable, TUNING_ENV, TUNING_FORMAT, TUNING_OLDEST_VERSION,
+    TUNING_VERSION, VERSION,
 };
 
 use crate::dtype::DType;
@@ -462,15 +463,6 @@ impl Config {
         s.pop();
         s
     }
-}
-
-/// FNV-1a, 64 bits: a stable digest (the same on every machine and Rust version) of what
-/// ranks compare (tuning tables, all-gather counts, host names). It detects disagreement, not
-/// tampering.
-pub(crate) fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
-    bytes.into_iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 /// A table digest as text (16 hex digits).

@@ -8,6 +8,10 @@ use symm_allreduce::{Algorithm, DType};
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
 
+/// Capacity-sized buffers per rank without `--producer-chain`: 3 of workspace, an input and
+/// an output.
+pub const CAPACITIES_PER_RANK: usize = 5;
+
 /// The largest size one-shot runs at in a sweep; above it only when `--sizes` names it.
 pub const ONE_SHOT_SWEEP_MAX: usize = 64 * MIB;
 
@@ -547,9 +551,9 @@ impl RunPlan {
     /// with `--producer-chain` also the PDL twin's workspace and the chain's staged input.
     pub fn capacities_per_rank(&self) -> usize {
         if self.producer_chain {
-            crate::bench::CAPACITIES_PER_RANK + 4
+            CAPACITIES_PER_RANK + 4
         } else {
-            crate::bench::CAPACITIES_PER_RANK
+            CAPACITIES_PER_RANK
         }
     }
 

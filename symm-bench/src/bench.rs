@@ -142,10 +142,6 @@ pub fn free_memory(ctxs: &[Arc<CudaContext>]) -> Result<usize, DriverError> {
     Ok(free)
 }
 
-/// Capacity-sized buffers per rank without `--producer-chain`: 3 of workspace, an input and
-/// an output.
-pub const CAPACITIES_PER_RANK: usize = 5;
-
 /// The largest message per rank that fits when each rank needs `capacities` capacity-sized
 /// buffers (`RunPlan::capacities_per_rank`: 3·capacity of workspace — two data buffers and
 /// the symmetric buffer; the signals and low-latency slots fit in the headroom — plus an input

@@ -564,7 +564,7 @@ fn rank_main(args: &Args, env: &ChildEnv) -> Result<ExitCode, Stop> {
         let dropped = plan.cap_sizes(bench::max_fitting_size(
             free,
             per_device,
-            bench::CAPACITIES_PER_RANK,
+            crate::args::CAPACITIES_PER_RANK,
         ));
         if !dropped.is_empty() {
             meta.notes.push(format!(
