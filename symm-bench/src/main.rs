@@ -42,6 +42,7 @@
 mod args;
 mod bench;
 mod data;
+mod mps;
 mod nccl;
 mod plot;
 mod procs;
@@ -77,6 +78,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    args::set_graph_chain(&args);
     match run(&args) {
         Ok(code) => code,
         Err(Stop::NoGpu(e)) => {
@@ -261,6 +263,7 @@ fn run(args: &Args) -> Result<ExitCode, Stop> {
                 DType::F32 => bench.run_size::<f32>(&plan, size, &mut rows, &mut failures, &pb),
             };
             report::fill_nccl_ratios(&mut rows);
+            report::fill_checked(&mut rows, plan.check);
             save(args, &mut meta, &rows, &failures, &pb);
             if let Err(e) = done {
                 fatal = Some(format!("{dtype} {size} B: {e}"));
@@ -311,6 +314,10 @@ fn finish(
     for line in report::summary(rows, meta.d2d_copy_gbs) {
         println!("{line}");
     }
+    println!("#");
+    for line in report::nccl_tests_summary(rows, failures.len()) {
+        println!("{line}");
+    }
     for note in &meta.notes {
         println!("# note: {note}");
     }
@@ -336,6 +343,9 @@ fn header(meta: &Meta, title: &str) -> String {
         );
     }
     s += &format!("# {}\n", meta.nccl);
+    if !meta.mps.is_empty() {
+        s += &format!("# {}\n", meta.mps);
+    }
     if let Some(gbs) = meta.d2d_copy_gbs {
         s += &format!("# D2D copy, 1 GiB, (read + write) / time: {gbs:.1} GB/s\n");
     }

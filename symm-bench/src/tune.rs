@@ -621,6 +621,8 @@ pub fn run(args: &Args, out: &Path) -> Result<ExitCode, Stop> {
             check_divergence: false,
             collectives: vec![crate::args::CollectiveChoice::AllReduce],
             producer_chain: false,
+            // A table is only as good as the rows behind it: always verified.
+            check: true,
         };
         eprintln!(
             "symm-bench --tune: W={world} ({}), {} sizes {}..{}",
