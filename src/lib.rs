@@ -75,3 +75,8 @@ pub use topology::{LinkKind, PeerDecision, PeerLink, RankPlacement, Topology};
 /// Re-export of the cudarc this crate is built against (use its types for streams and
 /// buffers so that they match).
 pub use cudarc;
+
+// The README's Rust examples compile (`cargo test --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -248,7 +248,7 @@ pub struct Args {
     /// tuning.json]: W = 2, 4, ... up to --world, each --dtype, low_latency / one_shot /
     /// two_shot (and NCCL with one rank per GPU), and the fused all-reduce + residual +
     /// RMSNorm call's one-shot / two-shot (hidden 4096, 7168, 8192; 1..512 tokens),
-    /// graph_amortised timing. See README.
+    /// graph_amortised timing. See docs/crossovers.md.
     #[arg(long, value_name = "OUT_JSON", num_args = 0..=1, default_missing_value = "tuning.json")]
     pub tune: Option<PathBuf>,
     /// Collectives measured at each size: all_reduce (the --algos rows), all_gather and
@@ -1272,5 +1272,136 @@ mod tests {
             .unwrap()
             .resolve()
             .is_err());
+    }
+
+    /// The symm-bench arguments of `line` when it runs symm-bench (`symm-bench ARGS`, `cargo
+    /// run ... symm-bench -- ARGS`, `.gpu/bin/bin-symm-bench ARGS`), up to a `#` comment.
+    fn bench_args(line: &str) -> Option<Vec<String>> {
+        let line = line.rsplit("&&").find(|part| part.contains("symm-bench"))?;
+        let words: Vec<&str> = line
+            .split_whitespace()
+            .take_while(|w| !w.starts_with('#'))
+            .collect();
+        let start = if words.first() == Some(&"cargo") {
+            match words.iter().position(|w| *w == "--") {
+                Some(i) => i + 1,
+                None => words.len(),
+            }
+        } else {
+            let first = words.first()?;
+            if !(first.ends_with("symm-bench") || first.ends_with("bin-symm-bench")) {
+                return None;
+            }
+            1
+        };
+        if words.first() == Some(&"cargo") && !line.contains("symm-bench") {
+            return None;
+        }
+        Some(words[start..].iter().map(|w| w.to_string()).collect())
+    }
+
+    /// Every symm-bench command in a shell block, or in inline code, of `md`.
+    fn documented_commands(md: &str) -> Vec<Vec<String>> {
+        let mut found = Vec::new();
+        let mut block: Option<String> = None;
+        let mut pending = String::new();
+        for line in md.lines() {
+            let t = line.trim();
+            if t.starts_with("```") {
+                if block.is_none() {
+                    found.extend(inline_commands(&pending));
+                }
+                pending.clear();
+                block = match block {
+                    None => Some(t.trim_start_matches('`').to_string()),
+                    Some(_) => None,
+                };
+                continue;
+            }
+            match &block {
+                Some(lang) if lang == "sh" || lang == "bash" => {
+                    pending.push_str(t.trim_end_matches('\\'));
+                    pending.push(' ');
+                    if !t.ends_with('\\') {
+                        found.extend(bench_args(&pending));
+                        pending.clear();
+                    }
+                }
+                Some(_) => {}
+                // Prose: inline code may wrap, so a paragraph is scanned as one line.
+                None if t.is_empty() => {
+                    found.extend(inline_commands(&pending));
+                    pending.clear();
+                }
+                None => {
+                    pending.push_str(t);
+                    pending.push(' ');
+                }
+            }
+        }
+        found.extend(inline_commands(&pending));
+        found
+    }
+
+    fn inline_commands(paragraph: &str) -> Vec<Vec<String>> {
+        paragraph
+            .split('`')
+            .enumerate()
+            .filter(|(i, code)| i % 2 == 1 && code.starts_with("symm-bench "))
+            .filter_map(|(_, code)| bench_args(code))
+            .collect()
+    }
+
+    /// Every symm-bench command the documentation shows parses and resolves with these flags.
+    #[test]
+    fn documented_commands_parse() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut files = vec![
+            root.join("README.md"),
+            root.join("symm-bench/README.md"),
+            root.join("docs/bench/README.md"),
+        ];
+        for e in std::fs::read_dir(root.join("docs")).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "md") {
+                files.push(p);
+            }
+        }
+        let mut checked = 0;
+        let mut problems = Vec::new();
+        for f in &files {
+            let Ok(md) = std::fs::read_to_string(f) else {
+                continue;
+            };
+            for argv in documented_commands(&md) {
+                checked += 1;
+                let full: Vec<String> = std::iter::once("symm-bench".to_string())
+                    .chain(argv.iter().cloned())
+                    .collect();
+                let r = Args::try_parse_from(&full)
+                    .map_err(|e| e.to_string())
+                    .and_then(Args::resolve);
+                if let Err(e) = r {
+                    problems.push(format!("{}: `{}`: {e}", f.display(), argv.join(" ")));
+                }
+            }
+        }
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+        assert!(checked >= 10, "only {checked} commands found: the scan is broken");
+    }
+
+    #[test]
+    fn documented_commands_are_found_and_bad_ones_fail() {
+        let md = "```sh\ncargo run --release -p symm-bench -- --world 8 \\\n    --quick   # short\nbash x.sh && cargo run --release --bin symm-bench\ncargo test\n```\nrun `symm-bench -g 8 -c 1` or `cargo test`\n";
+        let found = documented_commands(md);
+        assert_eq!(
+            found,
+            vec![
+                vec!["--world", "8", "--quick"],
+                vec![],
+                vec!["-g", "8", "-c", "1"]
+            ]
+        );
+        assert!(Args::try_parse_from(["symm-bench", "-c", "7"]).is_err());
     }
 }
