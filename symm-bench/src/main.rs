@@ -1,6 +1,6 @@
 //! `symm-bench`: latency and bandwidth of symm-allreduce's all-reduce kernels (low-latency,
 //! one-shot, two-shot, zero-copy in place, `auto`), with NCCL beside them, in nccl-tests
-//! style (nccl-tests' `-b/-e/-f/-n/-w/-d/-g` flags work too).
+//! style (nccl-tests' flags work too: `-b/-e/-f/-i/-n/-w/-d/-t/-g/-c/-o/-a/-m/-z/-G`).
 //!
 //! For every (dtype, size, algorithm, mode) it prints a table row to stdout and writes the
 //! same rows to `results.csv` and `results.json` in `--out`, and draws `latency.png`.
@@ -32,6 +32,9 @@
 //! | `busbw_gbs` | algbw · 2(W-1)/W, as nccl-tests |
 //! | `hbm_gbs` | 2·W·S / t: distinct HBM bytes (each input read once, each output written once); the meaningful bandwidth for virtual ranks |
 //! | `vs_nccl` | `time_us` / NCCL's `time_us` at the same dtype, mode and size (below 1: faster than NCCL); empty where NCCL did not run |
+//! | `hidden` | the fused call's row length; empty for other rows |
+//! | `place` | `in` (in-place calls: `symmetric`, `pool`, `multimem`) or `out` |
+//! | `wrong` | nccl-tests' #wrong: 0 for a checked row (failing rows are not timed), empty with `-c 0` |
 //!
 //! results.json holds `{"meta": {...}, "rows": [...]}`; `meta` has the devices, placement,
 //! the estimated duration, NCCL status, the 1 GiB D2D copy bandwidth, the empty-kernel graph replay floor, notes and
