@@ -415,6 +415,15 @@ fn on_rank(rank: Option<usize>) -> String {
 }
 
 impl Error {
+    /// Whether this error means there is no GPU to run on: no driver, no visible device, or
+    /// the device asked for does not exist. The crate's programs exit with code 2 for it.
+    pub fn is_no_gpu(&self) -> bool {
+        matches!(
+            self,
+            Error::DriverUnavailable { .. } | Error::NoDevice | Error::DeviceNotFound { .. }
+        )
+    }
+
     /// Maps an error of cudarc's NCCL API (the caller's communicator), naming the call.
     pub(crate) fn from_cudarc_nccl(call: &'static str) -> impl Fn(cudarc::nccl::result::NcclError) -> Error {
         move |e| Error::Nccl {
@@ -764,6 +773,8 @@ mod tests {
             capacity: 4,
         };
         assert!(e.to_string().contains("capacity_bytes"));
+        assert!(Error::NoDevice.is_no_gpu() && !Error::KernelsUnavailable.is_no_gpu());
+        assert!(Error::DeviceNotFound { ordinal: 3, count: 1 }.is_no_gpu());
         // What to do for each way of depending on the crate, and how to make it a build error.
         let k = Error::KernelsUnavailable.to_string();
         for fix in [
