@@ -7,10 +7,20 @@
 //! bit-identical results (`--use_fast_math`, `--ftz=true`, ...) are a build error.
 //!
 //! Without nvcc the crate still builds: the three files are written empty, a cargo warning
-//! says so, and every launch returns `Error::KernelsUnavailable`. Set
-//! `SYMM_ALLREDUCE_REQUIRE_KERNELS=1` to make a missing or failing nvcc a build error (CI).
-//! `SYMM_ALLREDUCE_NO_KERNELS=1` builds that stub on purpose, without looking for nvcc (for
-//! type-checking builds, e.g. `.ci/dependents.sh`); asking for both is a build error.
+//! says so, and every launch returns `Error::KernelsUnavailable` (the communicator also prints
+//! one line to stderr at setup). The `require-kernels` cargo feature, or
+//! `SYMM_ALLREDUCE_REQUIRE_KERNELS=1`, makes a missing or failing nvcc a build error:
+//! applications should turn the feature on. `SYMM_ALLREDUCE_NO_KERNELS=1` builds that stub on
+//! purpose, without looking for nvcc (for type-checking builds, e.g. `.ci/dependents.sh`);
+//! asking for both is a build error.
+//!
+//! When the script runs again: on a change to the kernel sources, to any environment variable
+//! that decides where nvcc is found (`PATH`, `NVCC`, `CUDA_HOME`, `CUDA_PATH`) or how it is
+//! run, or to `.toolchain/` (where `scripts/install-nvcc.sh` installs nvcc). A stub build
+//! also watches the nvcc paths it looked at that do not exist yet: cargo treats a watched
+//! path that does not exist as changed, so a stub build re-runs its (cheap) search on every
+//! build until nvcc appears, and then compiles the kernels without a `cargo clean`. A build
+//! with kernels watches only the nvcc it used, so it is not redone needlessly.
 
 use std::env;
 use std::fs;
@@ -30,6 +40,7 @@ fn main() {
     println!("cargo::rerun-if-changed={KERNEL_DIR}");
     println!("cargo::rerun-if-changed=build/support.rs");
     for v in [
+        "PATH",
         "NVCC",
         "NVCC_CCBIN",
         "CUDA_HOME",
@@ -44,11 +55,10 @@ fn main() {
         println!("cargo::rerun-if-env-changed={v}");
     }
     let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    if manifest.join(".toolchain/nvcc").is_dir() {
-        println!("cargo::rerun-if-changed={}", manifest.join(LOCAL_NVCC).display());
-    }
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
-    let require = env::var("SYMM_ALLREDUCE_REQUIRE_KERNELS").is_ok_and(|v| v == "1");
+    // The `require-kernels` feature, or the variable (CI, or a build you do not control).
+    let require = env::var_os("CARGO_FEATURE_REQUIRE_KERNELS").is_some()
+        || env::var("SYMM_ALLREDUCE_REQUIRE_KERNELS").is_ok_and(|v| v == "1");
     let skip = env::var("SYMM_ALLREDUCE_NO_KERNELS").is_ok_and(|v| v == "1");
     if require && skip {
         eprintln!(
@@ -85,6 +95,8 @@ fn main() {
     };
     match result {
         Ok(nvcc) => {
+            // Rebuild when this nvcc is replaced (the variables above cover finding another).
+            println!("cargo::rerun-if-changed={}", nvcc.display());
             println!("cargo::rustc-cfg=symm_kernels");
             println!("cargo::rustc-env=SYMM_ALLREDUCE_NVCC={}", nvcc.display());
             if let Err(reason) = build_nvtx(&nvcc, &manifest, &out) {
@@ -93,13 +105,28 @@ fn main() {
         }
         Err(reason) => {
             if require {
-                eprintln!("error: SYMM_ALLREDUCE_REQUIRE_KERNELS=1 but the CUDA kernels could not be built: {reason}");
+                eprintln!(
+                    "error: symm-allreduce: the CUDA kernels could not be built and they are required (the \
+                     `require-kernels` feature or SYMM_ALLREDUCE_REQUIRE_KERNELS=1): {reason}. Install the CUDA \
+                     toolkit (nvcc on PATH, or NVCC=/path/to/nvcc, or CUDA_HOME), or in a checkout of the crate \
+                     run scripts/install-nvcc.sh; then build again."
+                );
                 std::process::exit(1);
             }
             println!(
-                "cargo::warning=symm-allreduce: CUDA kernels not built ({reason}); every launch will return \
-                 Error::KernelsUnavailable. Run scripts/install-nvcc.sh or set NVCC=/path/to/nvcc."
+                "cargo::warning=symm-allreduce: CUDA kernels not built ({reason}); every communicator will run \
+                 without them (Error::KernelsUnavailable, or every call through NCCL). Put nvcc on PATH or set \
+                 NVCC=/path/to/nvcc (or run scripts/install-nvcc.sh in a checkout) and build again; turn on the \
+                 `require-kernels` feature to make this an error."
             );
+            // Until nvcc appears: re-run the search on every build (cargo treats a watched
+            // path that does not exist as changed), so installing it needs no `cargo clean`.
+            println!(
+                "cargo::rerun-if-changed={}",
+                manifest.join(".toolchain").display()
+            );
+            println!("cargo::rerun-if-changed={}", manifest.join(LOCAL_NVCC).display());
+            println!("cargo::rerun-if-changed=/usr/local/cuda/bin/nvcc");
             for f in ["kernels.fatbin", "kernels.ptx", "ptxas.txt"] {
                 fs::write(out.join(f), b"").expect("OUT_DIR is writable");
             }

@@ -8,10 +8,20 @@
 #   (b) beside cudarc with an explicit `cuda-12040`, this crate with `default-features = false,
 #       features = ["cuda-12040"]`;
 #   (c) symm-bench from this workspace with `--no-default-features --features cuda-12040`.
+#   (d) the crate as a git dependency (a `file://` clone of this checkout's HEAD) on a machine
+#       without nvcc: with the `require-kernels` feature the build fails and says what to do;
+#       without it the build succeeds, and the program sees `kernels_available() == false` and
+#       the `KernelsUnavailable` message naming the fix; then `NVCC=...` and a plain rebuild
+#       embed the kernels. The same clone as a path dependency: built without kernels, then
+#       `scripts/install-nvcc.sh` in it and a plain rebuild embed them (no `cargo clean`).
 #
-# Type-checking only: SYMM_ALLREDUCE_NO_KERNELS=1 tells build.rs not to run nvcc (the kernels
-# are compiled and checked by the rest of .ci/run). The throwaway projects share one
-# CARGO_TARGET_DIR under the temporary directory and start from this workspace's Cargo.lock.
+# (a)-(c) are type-checking only: SYMM_ALLREDUCE_NO_KERNELS=1 tells build.rs not to run nvcc
+# (the kernels are compiled and checked by the rest of .ci/run). (d) builds and runs a small
+# program (debug) and compiles the kernels twice; it needs the nvcc that .ci/run installed in
+# .toolchain/ and is skipped, saying why, where an nvcc is installed system-wide
+# (/usr/local/cuda), since "without nvcc" cannot be arranged there. The throwaway projects
+# share one CARGO_TARGET_DIR under the temporary directory and start from this workspace's
+# Cargo.lock.
 #
 #   bash .ci/dependents.sh           (from anywhere; needs crates.io or a warm cargo cache)
 set -euo pipefail
@@ -66,7 +76,7 @@ step() {
 
 # (a) beside candle / mistral.rs: cudarc's features exactly as candle-core selects them.
 a=$(make_project dep-from-build-system "\
-cudarc = { version = \"0.19\", default-features = false, features = [\"std\", \"cublas\", \"cublaslt\", \"curand\", \"driver\", \"nvrtc\", \"f16\", \"cuda-version-from-build-system\", \"dynamic-linking\"] }
+cudarc = { version = \"0.19\", default-features = false, features = [\"std\", \"cublas\", \"cublaslt\", \"curand\", \"driver\", \"nvrtc\", \"f16\", \"f8\", \"cuda-version-from-build-system\", \"dynamic-linking\"] }
 symm-allreduce = { path = \"$repo\" }")
 step a cargo check --quiet --manifest-path "$a/Cargo.toml"
 
@@ -80,4 +90,64 @@ step b cargo check --quiet --manifest-path "$b/Cargo.toml"
 step c cargo check --quiet --manifest-path "$repo/Cargo.toml" -p symm-bench --no-default-features \
     --features cuda-12040
 
-echo "dependents: all three setups check"
+# (d) a git dependency without nvcc, then with it; a path dependency before and after
+# scripts/install-nvcc.sh.
+unset SYMM_ALLREDUCE_NO_KERNELS
+nvcc_here="$repo/.toolchain/nvcc/nvidia/cu13/bin/nvcc"
+if [ -e /usr/local/cuda/bin/nvcc ]; then
+    echo "--- dependents (d): skipped: /usr/local/cuda/bin/nvcc exists, so no build here lacks nvcc"
+elif [ ! -x "$nvcc_here" ]; then
+    echo "--- dependents (d): skipped: no $nvcc_here (run scripts/install-nvcc.sh first)"
+else
+    # PATH without any directory that holds an nvcc; no variable pointing at one.
+    no_nvcc_path=$(printf '%s' "$PATH" | tr ':' '\n' | while read -r d; do [ -n "$d" ] && [ ! -e "$d/nvcc" ] && printf '%s:' "$d"; done)
+    no_nvcc=(env -u NVCC -u CUDA_HOME -u CUDA_PATH -u SYMM_ALLREDUCE_REQUIRE_KERNELS PATH="${no_nvcc_path%:}")
+    src="$tmp/src"
+    git clone --quiet --depth 1 "file://$repo" "$src"
+    program='fn main() {
+    if symm_allreduce::kernels_available() {
+        println!("kernels: embedded");
+    } else {
+        println!("kernels: missing: {}", symm_allreduce::Error::KernelsUnavailable);
+    }
+}'
+    dep_git="symm-allreduce = { git = \"file://$src\" }"
+    g=$(make_project dep-git "$dep_git")
+    printf '%s\n' "$program" > "$g/src/main.rs"
+    expect() { # $1 = pattern, $2 = file: the pattern must be in the file
+        grep -q -- "$1" "$2" || { echo "dependents (d): expected '$1' in:"; cat "$2"; exit 1; }
+    }
+    d_git() {
+        # With require-kernels: a build error that names the fix.
+        sed -i "s|^symm-allreduce = .*|symm-allreduce = { git = \"file://$src\", features = [\"require-kernels\"] }|" "$g/Cargo.toml"
+        if "${no_nvcc[@]}" cargo build --quiet --manifest-path "$g/Cargo.toml" 2> "$tmp/d1.err"; then
+            echo "dependents (d): require-kernels built without nvcc"; exit 1
+        fi
+        expect "could not be built and they are required" "$tmp/d1.err"
+        expect "NVCC=/path/to/nvcc" "$tmp/d1.err"
+        # Without it: builds; the program says what is missing and what to do.
+        sed -i "s|^symm-allreduce = .*|$dep_git|" "$g/Cargo.toml"
+        "${no_nvcc[@]}" cargo run --quiet --manifest-path "$g/Cargo.toml" > "$tmp/d2.out"
+        expect "kernels: missing" "$tmp/d2.out"
+        expect "git or registry dependency" "$tmp/d2.out"
+        # nvcc named: a plain rebuild (no cargo clean) embeds the kernels.
+        "${no_nvcc[@]}" NVCC="$nvcc_here" cargo run --quiet --manifest-path "$g/Cargo.toml" > "$tmp/d3.out"
+        expect "kernels: embedded" "$tmp/d3.out"
+    }
+    step d-git d_git
+    p=$(make_project dep-path "symm-allreduce = { path = \"$src\" }")
+    printf '%s\n' "$program" > "$p/src/main.rs"
+    d_path() {
+        "${no_nvcc[@]}" cargo run --quiet --manifest-path "$p/Cargo.toml" > "$tmp/d4.out"
+        expect "kernels: missing" "$tmp/d4.out"
+        # What scripts/install-nvcc.sh leaves in the clone (here the copy .ci/run installed,
+        # linked, so that nothing is downloaded twice; the script then finds it installed).
+        ln -s "$repo/.toolchain" "$src/.toolchain"
+        bash "$src/scripts/install-nvcc.sh"
+        "${no_nvcc[@]}" cargo run --quiet --manifest-path "$p/Cargo.toml" > "$tmp/d5.out"
+        expect "kernels: embedded" "$tmp/d5.out"
+    }
+    step d-path d_path
+fi
+
+echo "dependents: every setup checks"

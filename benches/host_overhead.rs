@@ -3,14 +3,19 @@
 //!
 //! Each sample enqueues a batch of at most 256 calls and times only the enqueueing; the
 //! stream is drained outside the timed region, so a full launch queue never turns the
-//! measurement into GPU time. Without a GPU it prints why and measures nothing.
+//! measurement into GPU time. Without a GPU it prints why, measures nothing and exits with
+//! code 2 (as symm-bench does); when the communicator cannot be created it exits with 1. Run
+//! as a test (`cargo test --benches`, no `--bench` flag) it only says why and passes.
 //!
 //!     cargo bench --bench host_overhead
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use criterion::{criterion_group, Criterion};
 use half::bf16;
 use symm_allreduce::cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use symm_allreduce::cudarc::nvrtc::Ptx;
@@ -25,6 +30,9 @@ const EMPTY_PTX: &str = "
 
 const BATCH: u64 = 256;
 
+/// The exit code when nothing could be measured: 2 without a GPU, 1 when setup failed.
+static NOT_MEASURED: AtomicU8 = AtomicU8::new(0);
+
 /// Context (kept alive), stream, the empty kernel and a one-rank communicator.
 type Setup = (Arc<CudaContext>, Arc<CudaStream>, CudaFunction, Vec<Communicator>);
 
@@ -33,23 +41,34 @@ fn setup() -> Option<Setup> {
         Ok(ctx) => ctx,
         Err(e) => {
             eprintln!("host_overhead: no GPU ({e}); nothing measured");
+            NOT_MEASURED.store(2, Ordering::Relaxed);
             return None;
         }
     };
     // SAFETY: the benchmark passes raw pointers only; cudarc's per-buffer events would add
     // driver calls that a real hot path (and the bare launch) does not make.
     unsafe { ctx.disable_event_tracking() };
-    let stream = ctx.new_stream().ok()?;
-    let module = ctx.load_module(Ptx::from_src(EMPTY_PTX)).ok()?;
-    let empty = module.load_function("empty_kernel").ok()?;
+    let stream = failed("cuStreamCreate", ctx.new_stream())?;
+    let module = failed("cuModuleLoadData", ctx.load_module(Ptx::from_src(EMPTY_PTX)))?;
+    let empty = failed("cuModuleGetFunction", module.load_function("empty_kernel"))?;
     let comms = match Communicator::local_group(std::slice::from_ref(&ctx), Config::default()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("host_overhead: cannot create a communicator ({e}); nothing measured");
+            NOT_MEASURED.store(1, Ordering::Relaxed);
             return None;
         }
     };
     Some((ctx, stream, empty, comms))
+}
+
+/// `r`'s value, or `None` after saying what failed (exit code 1).
+fn failed<T, E: std::fmt::Display>(what: &str, r: Result<T, E>) -> Option<T> {
+    r.map_err(|e| {
+        eprintln!("host_overhead: {what} failed ({e}); nothing measured");
+        NOT_MEASURED.store(1, Ordering::Relaxed);
+    })
+    .ok()
 }
 
 /// Times `iters` calls of `f`, enqueueing at most BATCH at a time and draining the stream
@@ -117,4 +136,14 @@ criterion_group! {
         .measurement_time(Duration::from_secs(3));
     targets = host_overhead
 }
-criterion_main!(benches);
+/// `criterion_main!`, with an exit code: a benchmark run (`--bench`, as `cargo bench` passes)
+/// that measured nothing fails; a test run (`cargo test --benches`) passes after saying why.
+fn main() -> ExitCode {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    match NOT_MEASURED.load(Ordering::Relaxed) {
+        0 => ExitCode::SUCCESS,
+        code if std::env::args().any(|a| a == "--bench") => ExitCode::from(code),
+        _ => ExitCode::SUCCESS,
+    }
+}

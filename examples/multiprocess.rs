@@ -66,6 +66,10 @@ fn main() -> ExitCode {
         eprintln!("multiprocess: {e}");
         return ExitCode::from(2);
     }
+    if let Err(e) = symm_allreduce::device_count() {
+        eprintln!("multiprocess: no GPU: {e}");
+        return ExitCode::from(2);
+    }
     let result = match std::env::var(RANK_ENV) {
         Ok(rank) => match rank.parse::<usize>() {
             Ok(rank) => rank_main(rank, &args),

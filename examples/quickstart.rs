@@ -14,7 +14,11 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
-            std::process::ExitCode::FAILURE
+            // No driver or no GPU: 2, as symm-bench; any other failure: 1.
+            let no_gpu = e
+                .downcast_ref::<symm_allreduce::Error>()
+                .is_some_and(|e| e.is_no_gpu());
+            std::process::ExitCode::from(if no_gpu { 2 } else { 1 })
         }
     }
 }

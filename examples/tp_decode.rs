@@ -486,10 +486,18 @@ fn rank_main(
     Ok(times)
 }
 
-fn main() {
-    if let Err(e) = run() {
-        eprintln!("tp_decode: {e}");
-        std::process::exit(1);
+fn main() -> std::process::ExitCode {
+    // No driver or no GPU: 2, as symm-bench; any other failure: 1.
+    if let Err(e) = symm_allreduce::device_count() {
+        eprintln!("tp_decode: no GPU: {e}");
+        return std::process::ExitCode::from(2);
+    }
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tp_decode: {e}");
+            std::process::ExitCode::FAILURE
+        }
     }
 }
 

@@ -7,9 +7,10 @@ mod tuning;
 use std::ffi::OsString;
 use std::time::Duration;
 
+pub use crate::error::TuningProblem;
 pub use tuning::{
-    Crossovers, FusedCrossovers, Measured, TuningProblem, TuningTable, TUNING_ENV, TUNING_FORMAT,
-    TUNING_OLDEST_VERSION, TUNING_VERSION, VERSION,
+    Crossovers, FusedCrossovers, Measured, TuningTable, TUNING_ENV, TUNING_FORMAT, TUNING_OLDEST_VERSION,
+    TUNING_VERSION, VERSION,
 };
 
 use crate::dtype::DType;
@@ -20,7 +21,16 @@ use crate::wire::{Reader, Writer};
 /// Which all-reduce to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Algorithm {
-    /// One-shot up to the configured crossover, two-shot above it.
+    /// Chosen by size, the same way on every rank: the low-latency kernel up to the
+    /// low-latency limit ([`Config::low_latency_max_bytes`], 32 KiB, or the tuning table's
+    /// threshold; the multimem low-latency kernel there when a multicast object is set up),
+    /// the one-shot up to the one-shot crossover ([`Config::one_shot_max_bytes`], else the
+    /// tuning table's, else 512 KiB for up to 4 ranks and 256 KiB above), the two-shot above
+    /// it (a lone rank: the two-shot above the low-latency limit), and NCCL above
+    /// [`Config::nccl_above_bytes`] (or the tuning table's two-shot maximum) or above the
+    /// capacity when the communicator has an NCCL fallback. With `Config::reproducible` off
+    /// and multicast set up, the switch-reducing multimem kernels take the one-shot range and
+    /// the symmetric calls above it. [`crate::Communicator::path`] says which, and why.
     #[default]
     Auto,
     /// Every rank reads every peer's whole input: one barrier, `(W-1)·S` bytes read per rank.
@@ -209,8 +219,7 @@ pub struct Config {
     pub reproducible: bool,
     /// Bytes of the symmetric pool that [`crate::Communicator::alloc_symmetric`] carves
     /// buffers from (rounded up to 256 bytes; 0: no pool). Each rank allocates this much
-    /// besides the workspace; every peer maps it. The pool does not grow (see the README's
-    /// "zero-copy" section).
+    /// besides the workspace; every peer maps it. The pool does not grow (docs/pool.md).
     pub pool_bytes: usize,
 }
 
@@ -472,15 +481,6 @@ impl Config {
         s.pop();
         s
     }
-}
-
-/// FNV-1a, 64 bits: a stable digest (the same on every machine and Rust version) of what
-/// ranks compare (tuning tables, all-gather counts, host names). It detects disagreement, not
-/// tampering.
-pub(crate) fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
-    bytes.into_iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 /// A table digest as text (16 hex digits).

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use cudarc::driver::DriverError;
 
+use crate::dtype::DType;
+
 /// Which synchronisation point a timed-out wait belonged to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BarrierPhase {
@@ -85,10 +87,15 @@ pub enum Error {
         source: DriverError,
     },
 
-    /// The kernels were not compiled into this build.
+    /// The kernels were not compiled into this build (no nvcc when the crate was built).
+    /// Turn on the crate's `require-kernels` feature to make that a build error instead.
     #[error(
-        "the all-reduce kernels are not in this build: nvcc was not found when the crate was compiled. \
-         Install CUDA (or run scripts/install-nvcc.sh), set NVCC if needed, and rebuild"
+        "the all-reduce kernels are not in this build: nvcc was not found (or failed) when symm-allreduce \
+         was compiled. To fix: as a path dependency or in a checkout, run scripts/install-nvcc.sh in the \
+         crate's directory (or put nvcc on PATH) and build again; as a git or registry dependency, put nvcc \
+         on PATH or set NVCC=/path/to/nvcc or CUDA_HOME and build again (the crate rebuilds when these \
+         change; `cargo clean -p symm-allreduce` forces it). Enable the `require-kernels` feature to make \
+         a build without kernels fail"
     )]
     KernelsUnavailable,
 
@@ -379,15 +386,14 @@ pub enum Error {
         /// The file, or how the table was given.
         table: String,
         /// What is wrong, and what to do about it.
-        problem: crate::config::TuningProblem,
+        problem: TuningProblem,
     },
 
     /// The ranks do not use the same tuning table; every rank returns this at setup.
     #[error(
         "rank {rank} routes with {theirs}, but this rank with {ours}: every rank must use the same table. \
-         Point {env} at the same file on every rank (or pass the same table to Config::with_tuning \
+         Point SYMM_ALLREDUCE_TUNING at the same file on every rank (or pass the same table to Config::with_tuning \
          everywhere, or unset it everywhere)",
-        env = crate::config::TUNING_ENV
     )]
     TuningMismatch {
         /// A rank whose table differs from this rank's.
@@ -421,6 +427,15 @@ fn on_rank(rank: Option<usize>) -> String {
 }
 
 impl Error {
+    /// Whether this error means there is no GPU to run on: no driver, no visible device, or
+    /// the device asked for does not exist. The crate's programs exit with code 2 for it.
+    pub fn is_no_gpu(&self) -> bool {
+        matches!(
+            self,
+            Error::DriverUnavailable { .. } | Error::NoDevice | Error::DeviceNotFound { .. }
+        )
+    }
+
     /// Maps an error of cudarc's NCCL API (the caller's communicator), naming the call.
     pub(crate) fn from_cudarc_nccl(call: &'static str) -> impl Fn(cudarc::nccl::result::NcclError) -> Error {
         move |e| Error::Nccl {
@@ -451,6 +466,101 @@ impl<T> CudaResultExt<T> for std::result::Result<T, DriverError> {
     fn during(self, call: &'static str) -> Result<T> {
         self.map_err(|source| Error::Cuda { call, source })
     }
+}
+
+/// What is wrong with a tuning table (inside [`Error::InvalidTuning`]). Each message says
+/// what to do about it (the messages are written beside the table format, in
+/// `config/tuning.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TuningProblem {
+    /// The file could not be read.
+    Io {
+        /// What the OS said.
+        detail: String,
+    },
+    /// Not JSON, or a value of the wrong type, or a field this format does not have.
+    Malformed {
+        /// What the parser said.
+        detail: String,
+    },
+    /// JSON without `"format": "symm-allreduce tuning table"`.
+    NotATable,
+    /// A format version this build does not read.
+    WrongVersion {
+        /// The version in the file.
+        found: u64,
+        /// The newest version this build reads (it reads
+        /// [`TUNING_OLDEST_VERSION`](crate::TUNING_OLDEST_VERSION) and up).
+        supported: u64,
+    },
+    /// A required field is absent (or null).
+    MissingField {
+        /// Where, as a JSON path (`crossovers[2].max_bytes.one_shot`).
+        field: String,
+    },
+    /// A `max_bytes` key that names no algorithm the table can set.
+    UnknownAlgorithm {
+        /// Where.
+        at: String,
+        /// The name.
+        name: String,
+    },
+    /// A `dtype` this build does not have.
+    UnknownDType {
+        /// Where.
+        at: String,
+        /// The name.
+        name: String,
+    },
+    /// A world size outside 1..=8.
+    BadWorld {
+        /// Where.
+        at: String,
+        /// The value.
+        world: u64,
+    },
+    /// Thresholds that decrease in routing order.
+    NonMonotone {
+        /// The entry's dtype.
+        dtype: DType,
+        /// The entry's world.
+        world: usize,
+        /// Which two thresholds, and their values.
+        detail: String,
+    },
+    /// Two entries for the same (dtype, world).
+    Duplicate {
+        /// The dtype.
+        dtype: DType,
+        /// The world.
+        world: usize,
+    },
+    /// A `fused[..].max_tokens` key that names no fused algorithm the table can set.
+    UnknownFusedAlgorithm {
+        /// Where.
+        at: String,
+        /// The name.
+        name: String,
+    },
+    /// A fused entry's hidden size that the fused call does not take.
+    BadHidden {
+        /// Where.
+        at: String,
+        /// The entry's dtype (the hidden size must be a multiple of its elements per pack).
+        dtype: DType,
+        /// The value.
+        hidden: u64,
+    },
+    /// Two fused entries for the same (dtype, world, hidden).
+    DuplicateFused {
+        /// The dtype.
+        dtype: DType,
+        /// The world.
+        world: usize,
+        /// The hidden size.
+        hidden: usize,
+    },
 }
 
 #[cfg(test)]
@@ -595,7 +705,7 @@ mod tests {
             },
             Error::InvalidTuning {
                 table: "tuning.json".into(),
-                problem: crate::config::TuningProblem::WrongVersion {
+                problem: TuningProblem::WrongVersion {
                     found: 9,
                     supported: 1,
                 },
@@ -677,7 +787,20 @@ mod tests {
             capacity: 4,
         };
         assert!(e.to_string().contains("capacity_bytes"));
-        assert!(Error::KernelsUnavailable.to_string().contains("install-nvcc"));
+        assert!(Error::NoDevice.is_no_gpu() && !Error::KernelsUnavailable.is_no_gpu());
+        assert!(Error::DeviceNotFound { ordinal: 3, count: 1 }.is_no_gpu());
+        // What to do for each way of depending on the crate, and how to make it a build error.
+        let k = Error::KernelsUnavailable.to_string();
+        for fix in [
+            "path dependency",
+            "scripts/install-nvcc.sh",
+            "git or registry dependency",
+            "NVCC=",
+            "PATH",
+            "require-kernels",
+        ] {
+            assert!(k.contains(fix), "{fix:?} missing from {k}");
+        }
         let e = Error::PeerSetupFailed {
             step: "mapping",
             rank: None,

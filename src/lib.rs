@@ -32,6 +32,7 @@ mod backend;
 mod bootstrap;
 mod communicator;
 mod config;
+mod digest;
 mod driver;
 mod dtype;
 mod error;
@@ -62,9 +63,9 @@ pub use driver::probe::{context, device_count};
 pub use dtype::{DType, Element, Gatherable};
 pub use error::{BarrierPhase, Error, Result};
 pub use kernels::abi::MAX_RANKS;
+pub use kernels::norm_abi::MAX_HIDDEN;
 pub use kernels::{embedded_ptx, kernels_available, ptxas_report};
 pub use nccl::{nccl_library, nccl_teardown_failures, NcclLibraryInfo};
-pub use plan::fused::MAX_HIDDEN;
 pub use plan::{Limits, PathDecision, Plan};
 #[doc(hidden)]
 pub use symmetric::multicast::{probe_attribute_only as __multicast_probe, VETOES as __MULTICAST_VETOES};
@@ -74,3 +75,8 @@ pub use topology::{LinkKind, PeerDecision, PeerLink, RankPlacement, Topology};
 /// Re-export of the cudarc this crate is built against (use its types for streams and
 /// buffers so that they match).
 pub use cudarc;
+
+// The README's Rust examples compile (`cargo test --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

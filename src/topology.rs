@@ -321,7 +321,7 @@ pub(crate) fn this_host() -> (String, [u8; 16]) {
         }
     } else {
         // No boot id: fall back to the host name (FNV-1a, spread over 16 bytes).
-        let h = crate::config::fnv1a(host.bytes());
+        let h = crate::digest::fnv1a(host.bytes());
         id[..8].copy_from_slice(&h.to_le_bytes());
         id[8..].copy_from_slice(&h.rotate_left(29).to_le_bytes());
     }

@@ -112,3 +112,93 @@ fn the_detector_sees_each_kind_of_call() {
         assert_eq!(calls_c(line).is_some(), expected, "{line}");
     }
 }
+
+/// The crate paths a file names (`crate::config::x`, `use crate::{a, b::c}` gives `a`, `b`):
+/// the first segment after `crate::`, from code lines only (comments stripped, so doc links
+/// such as `[x](crate::y)` in `///` lines do not count).
+fn crate_imports(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for line in text.lines().map(code) {
+        for (i, _) in line.match_indices("crate::") {
+            let rest = &line[i + "crate::".len()..];
+            if let Some(group) = rest.strip_prefix('{') {
+                let inner = group.split('}').next().unwrap_or("");
+                found.extend(
+                    inner
+                        .split(',')
+                        .map(|s| s.trim().split("::").next().unwrap_or("").to_string()),
+                );
+            } else {
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                found.push(name);
+            }
+        }
+    }
+    found.retain(|s| !s.is_empty());
+    found
+}
+
+/// Data flows one way: the shared rooms, the kernel ABI and the configuration import nothing
+/// above them, so config, plan, the ABI and the error type form no circle (docs/design.md,
+/// "What each room may import").
+#[test]
+fn the_lower_rooms_import_nothing_above_them() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // (file or folder, the crate modules it may name)
+    let rules: &[(&str, &[&str])] = &[
+        ("src/error.rs", &["dtype", "error"]),
+        ("src/digest.rs", &[]),
+        ("src/dtype.rs", &["dtype"]),
+        ("src/kernels/abi.rs", &["error", "digest", "dtype", "kernels"]),
+        ("src/kernels/norm_abi.rs", &[]),
+        ("src/kernels/registry.rs", &["dtype", "kernels", "error"]),
+        (
+            "src/config.rs",
+            &["config", "kernels", "wire", "dtype", "digest", "error"],
+        ),
+        (
+            "src/config/",
+            &["config", "kernels", "wire", "dtype", "digest", "error"],
+        ),
+    ];
+    let mut offences = Vec::new();
+    let mut named = 0;
+    for (place, allowed) in rules {
+        let mut files = Vec::new();
+        let path = root.join(place);
+        if path.is_dir() {
+            rust_files(&path, &mut files);
+        } else {
+            files.push(path);
+        }
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            for m in crate_imports(&text) {
+                named += 1;
+                if !allowed.contains(&m.as_str()) {
+                    offences.push(format!(
+                        "{} imports crate::{m}",
+                        f.strip_prefix(root).unwrap().display()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        offences.is_empty(),
+        "imports that run back up:\n{}",
+        offences.join("\n")
+    );
+    assert!(named >= 10, "only {named} crate paths found: the scan is broken");
+}
+
+#[test]
+fn crate_imports_are_read_from_code() {
+    let got = crate_imports(
+        "use crate::{dtype::DType, error::Error};\nlet h = crate::digest::fnv1a(x);\n/// [`A`](crate::plan::A)\n",
+    );
+    assert_eq!(got, ["dtype", "error", "digest"]);
+}

@@ -67,8 +67,7 @@ impl Communicator {
     /// algorithms have no fused kernel: [`Error::InvalidConfig`]; `Nccl` runs NCCL's
     /// all-reduce into `norm_out`, then the unfused epilogue). `Auto` takes the one-shot up
     /// to the fused one-shot limit and the two-shot above, never the low-latency kernel (one
-    /// block per row polls too few lines at decode's row counts: README, "Fused all-reduce +
-    /// residual + RMSNorm"); [`add_rmsnorm_path`](Self::add_rmsnorm_path) says which and why.
+    /// block per row polls too few lines at decode's row counts: docs/fused.md); [`add_rmsnorm_path`](Self::add_rmsnorm_path) says which and why.
     #[allow(clippy::too_many_arguments)]
     pub fn all_reduce_add_rmsnorm_with<T: Element>(
         &self,

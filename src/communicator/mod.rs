@@ -393,6 +393,9 @@ impl Communicator {
             self.device(),
             self.topology.summary()
         );
+        if !crate::kernels_available() {
+            s += &format!("kernels: not in this build ({})\n", Error::KernelsUnavailable);
+        }
         s += &match &self.paths {
             Paths::Peer { .. } => format!(
                 "peer kernels: on ({} one-shot / {} two-shot blocks per rank, capacity {} bytes)\n",

@@ -49,11 +49,11 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::fnv1a;
+use crate::digest::fnv1a;
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, TuningProblem};
 use crate::kernels::abi::MAX_RANKS;
-use crate::plan::fused::MAX_HIDDEN;
+use crate::kernels::norm_abi::MAX_HIDDEN;
 
 /// The `format` string every table file carries.
 pub const TUNING_FORMAT: &str = "symm-allreduce tuning table";
@@ -77,101 +77,10 @@ const ALGORITHMS: [&str; 3] = ["low_latency", "one_shot", "two_shot"];
 /// The algorithm names a fused entry's `max_tokens` may hold (two-shot takes the rest).
 const FUSED_ALGORITHMS: [&str; 1] = ["one_shot"];
 
-/// What is wrong with a tuning table (inside [`Error::InvalidTuning`]). Each message says
-/// what to do about it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum TuningProblem {
-    /// The file could not be read.
-    Io {
-        /// What the OS said.
-        detail: String,
-    },
-    /// Not JSON, or a value of the wrong type, or a field this format does not have.
-    Malformed {
-        /// What the parser said.
-        detail: String,
-    },
-    /// JSON without `"format": "symm-allreduce tuning table"`.
-    NotATable,
-    /// A format version this build does not read.
-    WrongVersion {
-        /// The version in the file.
-        found: u64,
-        /// The newest version this build reads (it reads [`TUNING_OLDEST_VERSION`] and up).
-        supported: u64,
-    },
-    /// A required field is absent (or null).
-    MissingField {
-        /// Where, as a JSON path (`crossovers[2].max_bytes.one_shot`).
-        field: String,
-    },
-    /// A `max_bytes` key that names no algorithm the table can set.
-    UnknownAlgorithm {
-        /// Where.
-        at: String,
-        /// The name.
-        name: String,
-    },
-    /// A `dtype` this build does not have.
-    UnknownDType {
-        /// Where.
-        at: String,
-        /// The name.
-        name: String,
-    },
-    /// A world size outside 1..=8.
-    BadWorld {
-        /// Where.
-        at: String,
-        /// The value.
-        world: u64,
-    },
-    /// Thresholds that decrease in routing order.
-    NonMonotone {
-        /// The entry's dtype.
-        dtype: DType,
-        /// The entry's world.
-        world: usize,
-        /// Which two thresholds, and their values.
-        detail: String,
-    },
-    /// Two entries for the same (dtype, world).
-    Duplicate {
-        /// The dtype.
-        dtype: DType,
-        /// The world.
-        world: usize,
-    },
-    /// A `fused[..].max_tokens` key that names no fused algorithm the table can set.
-    UnknownFusedAlgorithm {
-        /// Where.
-        at: String,
-        /// The name.
-        name: String,
-    },
-    /// A fused entry's hidden size that the fused call does not take.
-    BadHidden {
-        /// Where.
-        at: String,
-        /// The entry's dtype (the hidden size must be a multiple of its elements per pack).
-        dtype: DType,
-        /// The value.
-        hidden: u64,
-    },
-    /// Two fused entries for the same (dtype, world, hidden).
-    DuplicateFused {
-        /// The dtype.
-        dtype: DType,
-        /// The world.
-        world: usize,
-        /// The hidden size.
-        hidden: usize,
-    },
-}
-
 const REGENERATE: &str = "regenerate the table with `symm-bench --tune OUT.json` of this version";
 
+/// The messages of [`TuningProblem`] (defined beside the error type, which carries it),
+/// here beside the table format they talk about.
 impl std::fmt::Display for TuningProblem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

@@ -67,7 +67,7 @@ const GATHER_TOTAL_BITS: u32 = 48;
 pub(crate) fn gather_check_len(counts: &[u64]) -> u64 {
     let total = counts.iter().sum::<u64>() & ((1 << GATHER_TOTAL_BITS) - 1);
     // FNV-1a over the counts' bytes, folded to 16 bits.
-    let h = crate::config::fnv1a(counts.iter().flat_map(|c| c.to_le_bytes()));
+    let h = crate::digest::fnv1a(counts.iter().flat_map(|c| c.to_le_bytes()));
     let digest = (h ^ h >> 16 ^ h >> 32 ^ h >> 48) & 0xffff;
     digest << GATHER_TOTAL_BITS | total
 }

@@ -2,6 +2,10 @@
 //! unfused residual + RMSNorm kernel (`NormArgs` of kernels/fused_norm.cuh): the fused
 //! kernels take `(NormArgs, SymmArgs)`, the unfused one `(NormArgs)`.
 
+/// Largest hidden size the kernels take (one 512-thread block per row keeps at most eight
+/// 16-byte packs per thread).
+pub const MAX_HIDDEN: usize = 16384;
+
 /// Mirrors `symm::NormArgs` field for field (plain C layout, 48 bytes).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]

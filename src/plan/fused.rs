@@ -9,11 +9,8 @@ use super::route::{PathFacts, Route, Rule, Target};
 use crate::config::{Algorithm, Config, FusedLimit};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::kernels::norm_abi::MAX_HIDDEN;
 use crate::kernels::registry::Kernel;
-
-/// Largest hidden size the kernels take (one 512-thread block per row keeps at most eight
-/// 16-byte packs per thread).
-pub const MAX_HIDDEN: usize = 16384;
 
 /// The lengths of one fused call, in elements.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -37,6 +37,14 @@ pub(crate) fn setup_timeout(config: &Config) -> Duration {
     config.timeout.max(Duration::from_secs(30))
 }
 
+/// The one place that tells a user at run time that this build has no kernels (a build
+/// script's warning is hidden for git and registry dependencies): one line on stderr per
+/// process, at the first setup that needs them.
+pub(crate) fn warn_kernels_unavailable() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| eprintln!("symm-allreduce: warning: {}", Error::KernelsUnavailable));
+}
+
 /// What setup established, before an NCCL fallback is attached (moved once, into the
 /// communicator).
 #[derive(Debug)]
@@ -269,7 +277,11 @@ impl State<'_> {
 
     /// Kernels, residency limits and granularity of this rank.
     fn load_kernels(&mut self) -> Result<()> {
-        let kernels = Kernels::load(&self.ctx)?;
+        let kernels = Kernels::load(&self.ctx).inspect_err(|e| {
+            if matches!(e, Error::KernelsUnavailable) {
+                warn_kernels_unavailable();
+            }
+        })?;
         let sms = self
             .ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)

@@ -8,6 +8,10 @@ use symm_allreduce::{Algorithm, DType};
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
 
+/// Capacity-sized buffers per rank without `--producer-chain`: 3 of workspace, an input and
+/// an output.
+pub const CAPACITIES_PER_RANK: usize = 5;
+
 /// The largest size one-shot runs at in a sweep; above it only when `--sizes` names it.
 pub const ONE_SHOT_SWEEP_MAX: usize = 64 * MIB;
 
@@ -27,8 +31,21 @@ Every mode also times the same launch structure with the body-less kernel (`empt
 on one GPU the launch cost of all W ranks is paid serially, and `time - empty` cancels it.
 Columns and files: see symm-bench/README.md.
 
-nccl-tests flags: `-b 8 -e 128M -f 2 -n 50 -w 5 -d bfloat16 -g 8` means sizes 8 B, 16 B, ...
-128 MiB, 50 timed and 5 warm-up rounds, bf16, 8 ranks; -b/-e/-f replace --sizes.
+nccl-tests flags: `-b 8 -e 128M -f 2 -n 50 -w 5 -d bfloat16 -g 8 -c 1 -o sum` means sizes
+8 B, 16 B, ... 128 MiB, 50 timed and 5 warm-up rounds, bf16, 8 ranks, results checked, sum;
+-b/-e/-f/-i replace --sizes (-f 1 or no -f: steps of -i, 1M by default, as nccl-tests). The
+number of ranks is -t × -g (threads × GPUs per thread, as nccl-tests counts them; the ranks
+run as --launcher says, -t does not start threads) or --world N. -c 0 skips the check (#wrong
+then shows N/A). -o takes sum only. -a is accepted; every time reported is the slowest
+rank's (nccl-tests -a 3). -m N: all-reduces per graph in graph_amortised (default 10). -G 0:
+eager only; -G N: the graph modes, N timed graph launches per row unless -n is given. -z 1:
+graph_isolated only (each all-reduce completes before the next starts).
+
+MPS: with --launcher processes and more ranks than GPUs, an MPS daemon serving this user makes
+the run a timing of processes sharing one GPU's SMs (reported in the header); without it the
+processes are time-sliced and the run checks the path only. --mps starts a private MPS
+daemon for the run (pipe and log directories in a fresh temporary directory) and stops it at
+the end.
 
 The estimated duration printed at start is a rough model, not a measurement: for every
 (dtype, size, algorithm, mode), (warm-up + timed rounds) × all-reduces per round × (2·W µs of
@@ -41,8 +58,21 @@ per row for verification and graph capture.";
 #[derive(Debug, Parser)]
 #[command(name = "symm-bench", version, about, after_help = AFTER_HELP)]
 pub struct Args {
-    /// Number of ranks (nccl-tests: -g/--ngpus).
-    #[arg(long, short = 'g', visible_alias = "ngpus", default_value_t = 8)]
+    /// Total number of ranks [default: 8, or -t × -g].
+    #[arg(long = "world", value_name = "N", conflicts_with_all = ["ngpus", "nthreads"])]
+    pub world_flag: Option<usize>,
+
+    /// nccl-tests -g/--ngpus: GPUs (ranks) per thread; total ranks = -t × -g.
+    #[arg(short = 'g', long = "ngpus", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub ngpus: Option<u64>,
+
+    /// nccl-tests -t/--nthreads: threads per process; total ranks = -t × -g. The ranks run as
+    /// --launcher says (threads: one host thread drives them all).
+    #[arg(short = 't', long = "nthreads", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub nthreads: Option<u64>,
+
+    /// The number of ranks, resolved from --world or -t × -g ([`Args::resolve`]).
+    #[arg(skip = 8usize)]
     pub world: usize,
 
     /// Message sizes in bytes per rank: a comma list with optional K/M/G suffixes (powers of
@@ -52,21 +82,72 @@ pub struct Args {
           conflicts_with_all = ["minbytes", "maxbytes", "stepfactor"])]
     pub sizes: SizeSpec,
 
-    /// nccl-tests style range, smallest size (K/M/G suffixes) [default with -e or -f: 1K].
-    /// -b, -e and -f replace --sizes with minbytes, minbytes·f, minbytes·f², ... up to
-    /// maxbytes.
-    #[arg(short = 'b', long = "minbytes", value_name = "SIZE", value_parser = parse_size)]
+    /// nccl-tests style range, smallest size (K/M/G suffixes, fractions such as 1.5M) [default
+    /// with -e, -f or -i: 1K]. -b, -e, -f and -i replace --sizes with minbytes, minbytes·f,
+    /// minbytes·f², ... up to maxbytes (-f 1 or no -f: minbytes, minbytes + i, ...).
+    #[arg(short = 'b', long = "minbytes", value_name = "SIZE", value_parser = parse_size,
+          conflicts_with = "sizes")]
     pub minbytes: Option<usize>,
 
-    /// nccl-tests style range, largest size [default with -b or -f: 256M, or minbytes if
+    /// nccl-tests style range, largest size [default with -b, -f or -i: 256M, or minbytes if
     /// larger].
-    #[arg(short = 'e', long = "maxbytes", value_name = "SIZE", value_parser = parse_size)]
+    #[arg(short = 'e', long = "maxbytes", value_name = "SIZE", value_parser = parse_size,
+          conflicts_with = "sizes")]
     pub maxbytes: Option<usize>,
 
-    /// nccl-tests style range, factor between consecutive sizes [default with -b or -e: 2].
+    /// nccl-tests style range, factor between consecutive sizes; 1 (the nccl-tests default)
+    /// steps by -i instead.
     #[arg(short = 'f', long = "stepfactor", value_name = "N",
-          value_parser = clap::value_parser!(u64).range(2..))]
+          value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "sizes")]
     pub stepfactor: Option<u64>,
+
+    /// nccl-tests style range, the increment between sizes when -f is 1 or absent [default:
+    /// 1M].
+    #[arg(short = 'i', long = "stepbytes", value_name = "SIZE", value_parser = parse_size,
+          conflicts_with = "sizes")]
+    pub stepbytes: Option<usize>,
+
+    /// nccl-tests -c/--check: 1 verifies every row against the exact sum before timing it
+    /// (#wrong 0), 0 skips that (#wrong N/A).
+    #[arg(short = 'c', long = "check", value_name = "0/1", default_value_t = 1,
+          value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub check: u8,
+
+    /// nccl-tests -o/--op: the reduction. Only `sum` (the library's all-reduce sums).
+    #[arg(short = 'o', long = "op", value_name = "OP", default_value = "sum", value_parser = parse_op)]
+    pub op: String,
+
+    /// nccl-tests -a/--average: accepted (0..3); every time reported is the slowest rank's,
+    /// as -a 3.
+    #[arg(short = 'a', long = "average", value_name = "0/1/2/3",
+          value_parser = clap::value_parser!(u8).range(0..=3))]
+    pub average: Option<u8>,
+
+    /// nccl-tests -m/--agg_iters: all-reduces per graph in graph_amortised [default: 10].
+    #[arg(short = 'm', long = "agg_iters", visible_alias = "agg-iters", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub agg_iters: Option<u32>,
+
+    /// nccl-tests -z/--blocking: 1 keeps only graph_isolated (each all-reduce completes
+    /// before the next starts).
+    #[arg(short = 'z', long = "blocking", value_name = "0/1",
+          value_parser = clap::value_parser!(u8).range(0..=1), conflicts_with = "modes_flag")]
+    pub blocking: Option<u8>,
+
+    /// nccl-tests -G/--cudagraph: 0 times eager launches only; N > 0 the graph modes, with N
+    /// timed graph launches per row unless -n is given.
+    #[arg(
+        short = 'G',
+        long = "cudagraph",
+        value_name = "N",
+        conflicts_with = "modes_flag"
+    )]
+    pub cudagraph: Option<u32>,
+
+    /// With --launcher processes: start a private MPS daemon for the run and stop it after,
+    /// so several processes on one GPU share its SMs (a timing, not time slices).
+    #[arg(long)]
+    pub mps: bool,
 
     /// Element types: bf16, f16, f32 (nccl-tests names bfloat16, half, float also work).
     #[arg(long = "dtype", short = 'd', visible_alias = "datatype", value_delimiter = ',',
@@ -83,12 +164,12 @@ pub struct Args {
     )]
     pub algos: Vec<AlgoChoice>,
 
-    /// Timing modes.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "eager,graph_amortised,graph_isolated"
-    )]
+    /// Timing modes: eager, graph_amortised, graph_isolated [default: all three].
+    #[arg(long = "modes", value_delimiter = ',', value_name = "LIST")]
+    pub modes_flag: Option<Vec<Mode>>,
+
+    /// The modes, resolved from --modes, -G and -z ([`Args::resolve`]).
+    #[arg(skip = Mode::ALL.to_vec())]
     pub modes: Vec<Mode>,
 
     /// Timed rounds per row and mode [default: eager 200, graph_amortised 50 (of 10
@@ -167,7 +248,7 @@ pub struct Args {
     /// tuning.json]: W = 2, 4, ... up to --world, each --dtype, low_latency / one_shot /
     /// two_shot (and NCCL with one rank per GPU), and the fused all-reduce + residual +
     /// RMSNorm call's one-shot / two-shot (hidden 4096, 7168, 8192; 1..512 tokens),
-    /// graph_amortised timing. See README.
+    /// graph_amortised timing. See docs/crossovers.md.
     #[arg(long, value_name = "OUT_JSON", num_args = 0..=1, default_missing_value = "tuning.json")]
     pub tune: Option<PathBuf>,
     /// Collectives measured at each size: all_reduce (the --algos rows), all_gather and
@@ -298,6 +379,20 @@ impl AlgoChoice {
     }
 }
 
+/// All-reduces per graph in graph_amortised unless `-m` says otherwise.
+pub const DEFAULT_GRAPH_CHAIN: usize = 10;
+
+/// `-m/--agg_iters`, set once at start ([`set_graph_chain`]): the run's one setting of how many
+/// all-reduces a graph_amortised graph holds, read by [`Mode::ops_per_round`].
+static GRAPH_CHAIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+/// Applies `-m` for the whole run (call once, before any measurement).
+pub fn set_graph_chain(args: &Args) {
+    if let Some(m) = args.agg_iters {
+        let _ = GRAPH_CHAIN.set(m as usize);
+    }
+}
+
 /// How a row is timed.
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, Hash, ValueEnum, serde::Serialize, serde::Deserialize,
@@ -332,7 +427,7 @@ impl Mode {
     /// All-reduces per rank in one round.
     pub fn ops_per_round(self) -> usize {
         match self {
-            Mode::GraphAmortised => 10,
+            Mode::GraphAmortised => *GRAPH_CHAIN.get().unwrap_or(&DEFAULT_GRAPH_CHAIN),
             Mode::Eager | Mode::GraphIsolated => 1,
         }
     }
@@ -378,14 +473,24 @@ pub fn parse_sizes(s: &str) -> Result<SizeSpec, String> {
     Ok(SizeSpec::List(sizes))
 }
 
-/// Parses one size: `3000`, `8K`, `8KiB`, `64M`, `1G`, `512B`.
+/// Parses one size: `3000`, `8K`, `8KiB`, `64M`, `1G`, `512B`, and fractions as nccl-tests
+/// takes them (`1.5M` = 1572864 bytes; a fraction of a byte is dropped).
 pub fn parse_size(s: &str) -> Result<usize, String> {
     let t = s.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let digits = t
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(t.len());
     let (num, suffix) = t.split_at(digits);
-    let n: usize = num
-        .parse()
-        .map_err(|_| format!("bad size {s:?}: expected a number with an optional K, M or G suffix"))?;
+    let bad = || format!("bad size {s:?}: expected a number with an optional K, M or G suffix");
+    if num.contains('.') {
+        let x: f64 = num.parse().map_err(|_| bad())?;
+        let whole = parse_size(&format!("1{suffix}"))? as f64 * x;
+        if !(1.0..9.0e15).contains(&whole) {
+            return Err(format!("size {s:?} is below one byte or too large"));
+        }
+        return Ok(whole as usize);
+    }
+    let n: usize = num.parse().map_err(|_| bad())?;
     let unit = match suffix.trim().to_ascii_uppercase().as_str() {
         "" | "B" => 1,
         "K" | "KB" | "KIB" => KIB,
@@ -406,6 +511,18 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
     Ok(bytes)
 }
 
+/// Parses `-o/--op`: nccl-tests' names; only the sum runs.
+pub fn parse_op(s: &str) -> Result<String, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "sum" => Ok("sum".into()),
+        other @ ("prod" | "min" | "max" | "avg" | "mulsum" | "all") => Err(format!(
+            "-o {other}: symm-bench times the sum only (the library's all-reduce sums; use NCCL for other \
+             reductions)"
+        )),
+        other => Err(format!("unknown reduction {other:?}: symm-bench times `sum`")),
+    }
+}
+
 /// Parses one `--dtype` entry: the crate's names (`bf16`, `f16`, `f32`) or nccl-tests'
 /// (`bfloat16`, `half`, `float`; also `float16`, `float32`, `fp16`, `fp32`).
 pub fn parse_dtype(s: &str) -> Result<DType, String> {
@@ -419,8 +536,9 @@ pub fn parse_dtype(s: &str) -> Result<DType, String> {
     }
 }
 
-/// The nccl-tests size range: `min`, `min·factor`, ... while at most `max`.
-pub fn size_range(min: usize, max: usize, factor: u64) -> Result<Vec<usize>, String> {
+/// The nccl-tests size range: `min`, `min·factor`, ... while at most `max`; with factor 1,
+/// `min`, `min + step`, ... (nccl-tests' -i).
+pub fn size_range(min: usize, max: usize, factor: u64, step: usize) -> Result<Vec<usize>, String> {
     if min > max {
         return Err(format!(
             "-b/--minbytes {} is larger than -e/--maxbytes {}",
@@ -429,14 +547,27 @@ pub fn size_range(min: usize, max: usize, factor: u64) -> Result<Vec<usize>, Str
         ));
     }
     let factor = usize::try_from(factor).map_err(|_| format!("-f/--stepfactor {factor} is too large"))?;
-    if factor < 2 {
-        return Err(format!("-f/--stepfactor must be at least 2, got {factor}"));
+    if factor == 0 || step == 0 {
+        return Err("-f/--stepfactor and -i/--stepbytes must be at least 1".into());
     }
+    const MAX_SIZES: usize = 10_000;
     let mut sizes = Vec::new();
     let mut s = min;
     loop {
         sizes.push(s);
-        match s.checked_mul(factor) {
+        if sizes.len() > MAX_SIZES {
+            return Err(format!(
+                "the range -b {} -e {} gives more than {MAX_SIZES} sizes: raise -i or use -f 2",
+                format_size(min),
+                format_size(max)
+            ));
+        }
+        let next = if factor == 1 {
+            s.checked_add(step)
+        } else {
+            s.checked_mul(factor)
+        };
+        match next {
             Some(next) if next <= max => s = next,
             _ => break,
         }
@@ -448,11 +579,47 @@ impl Args {
     /// Applies the nccl-tests range flags (-b/-e/-f): when any is given, `sizes` becomes the
     /// list they describe. Call once after parsing.
     pub fn resolve(mut self) -> Result<Args, String> {
-        if self.minbytes.is_some() || self.maxbytes.is_some() || self.stepfactor.is_some() {
+        if self.minbytes.is_some()
+            || self.maxbytes.is_some()
+            || self.stepfactor.is_some()
+            || self.stepbytes.is_some()
+        {
             let min = self.minbytes.unwrap_or(KIB);
             let max = self.maxbytes.unwrap_or((256 * MIB).max(min));
-            let sizes = size_range(min, max, self.stepfactor.unwrap_or(2))?;
+            let sizes = size_range(
+                min,
+                max,
+                self.stepfactor.unwrap_or(1),
+                self.stepbytes.unwrap_or(MIB),
+            )?;
             self.sizes = SizeSpec::List(sizes);
+        }
+        self.world = match (self.world_flag, self.nthreads, self.ngpus) {
+            (Some(w), _, _) => w,
+            (None, None, None) => 8,
+            (None, t, g) => {
+                usize::try_from(t.unwrap_or(1).saturating_mul(g.unwrap_or(1))).unwrap_or(usize::MAX)
+            }
+        };
+        self.modes = match (&self.modes_flag, self.cudagraph) {
+            (Some(m), _) => m.clone(),
+            (None, None) => Mode::ALL.to_vec(),
+            (None, Some(0)) => vec![Mode::Eager],
+            (None, Some(n)) => {
+                if self.iters.is_none() {
+                    self.iters = Some(n);
+                }
+                vec![Mode::GraphAmortised, Mode::GraphIsolated]
+            }
+        };
+        if self.blocking == Some(1) {
+            self.modes.retain(|&m| m == Mode::GraphIsolated);
+            if self.modes.is_empty() {
+                return Err("-z 1 keeps graph_isolated only, and -G 0 asked for eager only".into());
+            }
+        }
+        if self.mps && self.launcher != Launcher::Processes {
+            return Err("--mps is for --launcher processes (several rank processes on one GPU)".into());
         }
         if self.producer_chain && (self.launcher == Launcher::Processes || self.tune.is_some()) {
             return Err(
@@ -512,6 +679,8 @@ pub struct RunPlan {
     pub collectives: Vec<CollectiveChoice>,
     /// `--producer-chain`: the producer → all-reduce rows, PDL on and off.
     pub producer_chain: bool,
+    /// `-c 1` (the default): each row is verified before it is timed.
+    pub check: bool,
 }
 
 impl RunPlan {
@@ -540,6 +709,7 @@ impl RunPlan {
             pdl: !args.no_pdl,
             check_divergence: args.check_divergence,
             producer_chain: args.producer_chain,
+            check: args.check == 1,
         }
     }
 
@@ -547,9 +717,9 @@ impl RunPlan {
     /// with `--producer-chain` also the PDL twin's workspace and the chain's staged input.
     pub fn capacities_per_rank(&self) -> usize {
         if self.producer_chain {
-            crate::bench::CAPACITIES_PER_RANK + 4
+            CAPACITIES_PER_RANK + 4
         } else {
-            crate::bench::CAPACITIES_PER_RANK
+            CAPACITIES_PER_RANK
         }
     }
 
@@ -803,10 +973,15 @@ mod tests {
             parse(&["symm-bench", "-d", "half,float"]).dtypes,
             vec![DType::F16, DType::F32]
         );
-        // Defaults of a partial range; a range that stops below max; bad ranges.
+        // Defaults of a partial range (no -f: steps of -i, as nccl-tests); a range that stops
+        // below max; bad ranges.
         assert_eq!(
-            parse(&["symm-bench", "-e", "4K"]).sizes,
+            parse(&["symm-bench", "-e", "4K", "-f", "2"]).sizes,
             SizeSpec::List(vec![1024, 2048, 4096])
+        );
+        assert_eq!(
+            parse(&["symm-bench", "-e", "4K", "-i", "1K"]).sizes,
+            SizeSpec::List(vec![1024, 2048, 3072, 4096])
         );
         assert_eq!(
             parse(&["symm-bench", "-b", "3000", "-e", "10000", "-f", "3"]).sizes,
@@ -820,7 +995,7 @@ mod tests {
             .unwrap()
             .resolve()
             .is_err());
-        assert!(Args::try_parse_from(["symm-bench", "-f", "1"]).is_err());
+        assert!(Args::try_parse_from(["symm-bench", "-f", "0"]).is_err());
         assert!(Args::try_parse_from(["symm-bench", "-b", "1K", "--sizes", "8K"]).is_err());
         assert!(Args::try_parse_from(["symm-bench", "-d", "double"]).is_err());
         // Without -w the defaults: one eager batch, two graph replays.
@@ -874,7 +1049,7 @@ mod tests {
 
     #[test]
     fn flags_resolve_into_a_plan() {
-        let args = Args::try_parse_from(["symm-bench"]).unwrap();
+        let args = parse(&["symm-bench"]);
         assert_eq!(args.world, 8);
         assert_eq!(args.dtypes, vec![DType::BF16, DType::F32]);
         assert_eq!(args.algos.len(), 7);
@@ -885,7 +1060,7 @@ mod tests {
         assert!(!plan.runs(AlgoChoice::OneShot, 128 << 20));
         assert!(plan.runs(AlgoChoice::TwoShot, 256 << 20));
 
-        let args = Args::try_parse_from([
+        let args = parse(&[
             "symm-bench",
             "--sizes",
             "128M,8K",
@@ -897,8 +1072,7 @@ mod tests {
             "7",
             "--dtype",
             "f16",
-        ])
-        .unwrap();
+        ]);
         let mut plan = RunPlan::from_args(&args);
         assert_eq!(plan.sizes, vec![8192, 128 << 20]);
         assert_eq!(plan.algos, vec![AlgoChoice::TwoShot, AlgoChoice::OneShot]);
@@ -989,10 +1163,245 @@ mod tests {
     fn tune_takes_an_optional_path() {
         let none = Args::try_parse_from(["symm-bench"]).unwrap();
         assert_eq!(none.tune, None);
-        let bare = Args::try_parse_from(["symm-bench", "--tune", "--world", "4"]).unwrap();
+        let bare = parse(&["symm-bench", "--tune", "--world", "4"]);
         assert_eq!(bare.tune, Some(PathBuf::from("tuning.json")));
         assert_eq!(bare.world, 4);
         let named = Args::try_parse_from(["symm-bench", "--tune", "out/h200.json"]).unwrap();
         assert_eq!(named.tune, Some(PathBuf::from("out/h200.json")));
+    }
+
+    /// The issue's command line and the other nccl-tests spellings: each parses, and plans
+    /// what nccl-tests would run.
+    #[test]
+    fn nccl_tests_command_lines_parse_and_plan() {
+        let a = parse(&[
+            "symm-bench",
+            "-g",
+            "8",
+            "-b",
+            "8",
+            "-e",
+            "128M",
+            "-f",
+            "2",
+            "-c",
+            "1",
+            "-o",
+            "sum",
+        ]);
+        let plan = RunPlan::from_args(&a);
+        assert_eq!(a.world, 8);
+        assert_eq!(plan.sizes.len(), 25);
+        assert_eq!((plan.sizes[0], plan.sizes[24]), (8, 128 << 20));
+        assert!(plan.check);
+        assert_eq!(plan.modes, Mode::ALL.to_vec());
+
+        // -t × -g ranks; --world alone; --world with -g is a contradiction.
+        assert_eq!(parse(&["symm-bench", "-t", "2", "-g", "4"]).world, 8);
+        assert_eq!(parse(&["symm-bench", "-t", "4"]).world, 4);
+        assert_eq!(parse(&["symm-bench", "-g", "1"]).world, 1);
+        assert_eq!(parse(&["symm-bench", "--ngpus", "2", "--nthreads", "2"]).world, 4);
+        assert_eq!(parse(&["symm-bench", "--world", "4"]).world, 4);
+        assert!(Args::try_parse_from(["symm-bench", "--world", "4", "-g", "4"]).is_err());
+        assert!(Args::try_parse_from(["symm-bench", "-g", "0"]).is_err());
+
+        // -c 0: no check; -c takes 0 or 1.
+        assert!(!RunPlan::from_args(&parse(&["symm-bench", "-c", "0"])).check);
+        assert!(Args::try_parse_from(["symm-bench", "-c", "2"]).is_err());
+        // -o: sum only, with a message that says so.
+        assert_eq!(parse(&["symm-bench", "-o", "sum"]).op, "sum");
+        let e = Args::try_parse_from(["symm-bench", "-o", "max"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sum only"), "{e}");
+        // -a: accepted 0..=3.
+        for a in ["0", "1", "2", "3"] {
+            assert_eq!(parse(&["symm-bench", "-a", a]).average, Some(a.parse().unwrap()));
+        }
+        assert!(Args::try_parse_from(["symm-bench", "-a", "4"]).is_err());
+        // -m: all-reduces per graph.
+        assert_eq!(parse(&["symm-bench", "-m", "4"]).agg_iters, Some(4));
+        // -G: 0 eager only; N the graph modes with N timed launches (unless -n).
+        let p = |argv: &[&str]| RunPlan::from_args(&parse(argv));
+        assert_eq!(p(&["symm-bench", "-G", "0"]).modes, vec![Mode::Eager]);
+        let g = p(&["symm-bench", "-G", "30"]);
+        assert_eq!(g.modes, vec![Mode::GraphAmortised, Mode::GraphIsolated]);
+        assert_eq!(g.rounds(Mode::GraphIsolated), 30);
+        assert_eq!(
+            p(&["symm-bench", "-G", "30", "-n", "7"]).rounds(Mode::GraphIsolated),
+            7
+        );
+        // -z 1: graph_isolated only; with -G 0 nothing is left.
+        assert_eq!(p(&["symm-bench", "-z", "1"]).modes, vec![Mode::GraphIsolated]);
+        assert_eq!(p(&["symm-bench", "-z", "0"]).modes, Mode::ALL.to_vec());
+        assert!(Args::try_parse_from(["symm-bench", "-z", "1", "-G", "0"])
+            .unwrap()
+            .resolve()
+            .is_err());
+        assert!(Args::try_parse_from(["symm-bench", "-G", "1", "--modes", "eager"]).is_err());
+        // --modes still works.
+        assert_eq!(
+            p(&["symm-bench", "--modes", "graph_isolated,eager"]).modes,
+            vec![Mode::Eager, Mode::GraphIsolated]
+        );
+
+        // Fractional sizes and -f 1 (steps of -i).
+        assert_eq!(parse_size("1.5M"), Ok(3 << 19));
+        assert_eq!(parse_size("0.5K"), Ok(512));
+        assert!(parse_size("0.1").is_err());
+        assert!(parse_size("1.2.3M").is_err());
+        assert_eq!(
+            parse(&["symm-bench", "-b", "1M", "-e", "4M", "-f", "1", "-i", "1.5M"]).sizes,
+            SizeSpec::List(vec![1 << 20, 5 << 19, 4 << 20])
+        );
+        // No -f and no -i: steps of 1M, as nccl-tests.
+        assert_eq!(
+            parse(&["symm-bench", "-b", "1M", "-e", "3M"]).sizes,
+            SizeSpec::List(vec![1 << 20, 2 << 20, 3 << 20])
+        );
+        // A range of more than 10000 sizes is refused with the fix.
+        let e = Args::try_parse_from(["symm-bench", "-b", "8", "-e", "1G", "-i", "8"])
+            .unwrap()
+            .resolve()
+            .unwrap_err();
+        assert!(e.contains("raise -i"), "{e}");
+
+        // --mps belongs to the processes launcher.
+        assert!(parse(&["symm-bench", "--launcher", "processes", "--mps", "-g", "8"]).mps);
+        assert!(Args::try_parse_from(["symm-bench", "--mps"])
+            .unwrap()
+            .resolve()
+            .is_err());
+    }
+
+    /// The symm-bench arguments of `line` when it runs symm-bench (`symm-bench ARGS`, `cargo
+    /// run ... symm-bench -- ARGS`, `.gpu/bin/bin-symm-bench ARGS`), up to a `#` comment.
+    fn bench_args(line: &str) -> Option<Vec<String>> {
+        let line = line.rsplit("&&").find(|part| part.contains("symm-bench"))?;
+        let words: Vec<&str> = line
+            .split_whitespace()
+            .take_while(|w| !w.starts_with('#'))
+            .collect();
+        let start = if words.first() == Some(&"cargo") {
+            match words.iter().position(|w| *w == "--") {
+                Some(i) => i + 1,
+                None => words.len(),
+            }
+        } else {
+            let first = words.first()?;
+            if !(first.ends_with("symm-bench") || first.ends_with("bin-symm-bench")) {
+                return None;
+            }
+            1
+        };
+        if words.first() == Some(&"cargo") && !line.contains("symm-bench") {
+            return None;
+        }
+        Some(words[start..].iter().map(|w| w.to_string()).collect())
+    }
+
+    /// Every symm-bench command in a shell block, or in inline code, of `md`.
+    fn documented_commands(md: &str) -> Vec<Vec<String>> {
+        let mut found = Vec::new();
+        let mut block: Option<String> = None;
+        let mut pending = String::new();
+        for line in md.lines() {
+            let t = line.trim();
+            if t.starts_with("```") {
+                if block.is_none() {
+                    found.extend(inline_commands(&pending));
+                }
+                pending.clear();
+                block = match block {
+                    None => Some(t.trim_start_matches('`').to_string()),
+                    Some(_) => None,
+                };
+                continue;
+            }
+            match &block {
+                Some(lang) if lang == "sh" || lang == "bash" => {
+                    pending.push_str(t.trim_end_matches('\\'));
+                    pending.push(' ');
+                    if !t.ends_with('\\') {
+                        found.extend(bench_args(&pending));
+                        pending.clear();
+                    }
+                }
+                Some(_) => {}
+                // Prose: inline code may wrap, so a paragraph is scanned as one line.
+                None if t.is_empty() => {
+                    found.extend(inline_commands(&pending));
+                    pending.clear();
+                }
+                None => {
+                    pending.push_str(t);
+                    pending.push(' ');
+                }
+            }
+        }
+        found.extend(inline_commands(&pending));
+        found
+    }
+
+    fn inline_commands(paragraph: &str) -> Vec<Vec<String>> {
+        paragraph
+            .split('`')
+            .enumerate()
+            .filter(|(i, code)| i % 2 == 1 && code.starts_with("symm-bench "))
+            .filter_map(|(_, code)| bench_args(code))
+            .collect()
+    }
+
+    /// Every symm-bench command the documentation shows parses and resolves with these flags.
+    #[test]
+    fn documented_commands_parse() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut files = vec![
+            root.join("README.md"),
+            root.join("symm-bench/README.md"),
+            root.join("docs/bench/README.md"),
+        ];
+        for e in std::fs::read_dir(root.join("docs")).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "md") {
+                files.push(p);
+            }
+        }
+        let mut checked = 0;
+        let mut problems = Vec::new();
+        for f in &files {
+            let Ok(md) = std::fs::read_to_string(f) else {
+                continue;
+            };
+            for argv in documented_commands(&md) {
+                checked += 1;
+                let full: Vec<String> = std::iter::once("symm-bench".to_string())
+                    .chain(argv.iter().cloned())
+                    .collect();
+                let r = Args::try_parse_from(&full)
+                    .map_err(|e| e.to_string())
+                    .and_then(Args::resolve);
+                if let Err(e) = r {
+                    problems.push(format!("{}: `{}`: {e}", f.display(), argv.join(" ")));
+                }
+            }
+        }
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+        assert!(checked >= 10, "only {checked} commands found: the scan is broken");
+    }
+
+    #[test]
+    fn documented_commands_are_found_and_bad_ones_fail() {
+        let md = "```sh\ncargo run --release -p symm-bench -- --world 8 \\\n    --quick   # short\nbash x.sh && cargo run --release --bin symm-bench\ncargo test\n```\nrun `symm-bench -g 8 -c 1` or `cargo test`\n";
+        let found = documented_commands(md);
+        assert_eq!(
+            found,
+            vec![
+                vec!["--world", "8", "--quick"],
+                vec![],
+                vec!["-g", "8", "-c", "1"]
+            ]
+        );
+        assert!(Args::try_parse_from(["symm-bench", "-c", "7"]).is_err());
     }
 }

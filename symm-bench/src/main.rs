@@ -1,6 +1,6 @@
 //! `symm-bench`: latency and bandwidth of symm-allreduce's all-reduce kernels (low-latency,
 //! one-shot, two-shot, zero-copy in place, `auto`), with NCCL beside them, in nccl-tests
-//! style (nccl-tests' `-b/-e/-f/-n/-w/-d/-g` flags work too).
+//! style (nccl-tests' flags work too: `-b/-e/-f/-i/-n/-w/-d/-t/-g/-c/-o/-a/-m/-z/-G`).
 //!
 //! For every (dtype, size, algorithm, mode) it prints a table row to stdout and writes the
 //! same rows to `results.csv` and `results.json` in `--out`, and draws `latency.png`.
@@ -32,6 +32,9 @@
 //! | `busbw_gbs` | algbw · 2(W-1)/W, as nccl-tests |
 //! | `hbm_gbs` | 2·W·S / t: distinct HBM bytes (each input read once, each output written once); the meaningful bandwidth for virtual ranks |
 //! | `vs_nccl` | `time_us` / NCCL's `time_us` at the same dtype, mode and size (below 1: faster than NCCL); empty where NCCL did not run |
+//! | `hidden` | the fused call's row length; empty for other rows |
+//! | `place` | `in` (in-place calls: `symmetric`, `pool`, `multimem`) or `out` |
+//! | `wrong` | nccl-tests' #wrong: 0 for a checked row (failing rows are not timed), empty with `-c 0` |
 //!
 //! results.json holds `{"meta": {...}, "rows": [...]}`; `meta` has the devices, placement,
 //! the estimated duration, NCCL status, the 1 GiB D2D copy bandwidth, the empty-kernel graph replay floor, notes and
@@ -42,6 +45,7 @@
 mod args;
 mod bench;
 mod data;
+mod mps;
 mod nccl;
 mod plot;
 mod procs;
@@ -77,6 +81,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    args::set_graph_chain(&args);
     match run(&args) {
         Ok(code) => code,
         Err(Stop::NoGpu(e)) => {
@@ -261,6 +266,7 @@ fn run(args: &Args) -> Result<ExitCode, Stop> {
                 DType::F32 => bench.run_size::<f32>(&plan, size, &mut rows, &mut failures, &pb),
             };
             report::fill_nccl_ratios(&mut rows);
+            report::fill_checked(&mut rows, plan.check);
             save(args, &mut meta, &rows, &failures, &pb);
             if let Err(e) = done {
                 fatal = Some(format!("{dtype} {size} B: {e}"));
@@ -311,6 +317,10 @@ fn finish(
     for line in report::summary(rows, meta.d2d_copy_gbs) {
         println!("{line}");
     }
+    println!("#");
+    for line in report::nccl_tests_summary(rows, failures.len()) {
+        println!("{line}");
+    }
     for note in &meta.notes {
         println!("# note: {note}");
     }
@@ -336,6 +346,9 @@ fn header(meta: &Meta, title: &str) -> String {
         );
     }
     s += &format!("# {}\n", meta.nccl);
+    if !meta.mps.is_empty() {
+        s += &format!("# {}\n", meta.mps);
+    }
     if let Some(gbs) = meta.d2d_copy_gbs {
         s += &format!("# D2D copy, 1 GiB, (read + write) / time: {gbs:.1} GB/s\n");
     }

@@ -84,6 +84,12 @@ fn launch(args: &Args) -> Result<ExitCode, Stop> {
     } else {
         Err("not requested".to_string())
     };
+    // Stopped (dropped) when this function returns, after every rank has ended.
+    let daemon = if args.mps {
+        Some(crate::mps::Daemon::start().map_err(Stop::Failed)?)
+    } else {
+        None
+    };
     let exe =
         std::env::current_exe().map_err(|e| Stop::Failed(format!("cannot find this executable: {e}")))?;
     let store = StoreAddress::unique("symm-bench")
@@ -98,6 +104,9 @@ fn launch(args: &Args) -> Result<ExitCode, Stop> {
                 .env(WORLD_ENV, world.to_string())
                 .env(STORE_ENV, &store)
                 .env(LAUNCHER_ENV, std::process::id().to_string());
+            if let Some(d) = &daemon {
+                cmd.envs(d.env());
+            }
             match &nccl {
                 Ok(hex) => cmd.env(NCCL_ID_ENV, hex),
                 Err(why) => cmd.env(NCCL_SKIP_ENV, why),
@@ -564,7 +573,7 @@ fn rank_main(args: &Args, env: &ChildEnv) -> Result<ExitCode, Stop> {
         let dropped = plan.cap_sizes(bench::max_fitting_size(
             free,
             per_device,
-            bench::CAPACITIES_PER_RANK,
+            crate::args::CAPACITIES_PER_RANK,
         ));
         if !dropped.is_empty() {
             meta.notes.push(format!(
@@ -623,11 +632,21 @@ fn rank_main(args: &Args, env: &ChildEnv) -> Result<ExitCode, Stop> {
                 meta.devices.push(d);
             }
         }
+        let mps_dir = crate::mps::pipe_dir(|k| std::env::var(k).ok());
+        meta.mps = crate::mps::describe(&mps_dir);
         let title = if world <= devices {
             format!("W={world} processes, one per GPU")
+        } else if crate::mps::is_on(&mps_dir) {
+            format!(
+                "W={world} processes on {} GPU(s) ({}) under MPS: the processes share the SMs, a timing of \
+                 that sharing (not of one rank per GPU)",
+                devices,
+                meta.devices.join(", ")
+            )
         } else {
             format!(
-                "W={world} processes on {} GPU(s) ({}): time-sliced, checks the path, not a timing",
+                "W={world} processes on {} GPU(s) ({}) without MPS: time-sliced, checks the path, not a timing \
+                 (--mps starts a private MPS daemon for a timing)",
                 devices,
                 meta.devices.join(", ")
             )
@@ -670,6 +689,7 @@ fn rank_main(args: &Args, env: &ChildEnv) -> Result<ExitCode, Stop> {
             };
             if root {
                 report::fill_nccl_ratios(&mut rows);
+                report::fill_checked(&mut rows, plan.check);
                 crate::save(args, &mut meta, &rows, &failures, &pb);
             }
             if let Err(e) = done {
@@ -879,7 +899,7 @@ impl RankBench {
             comm.all_reduce_with(input, output, stream, algorithm)?;
         }
         comm.synchronize(stream)?;
-        let mine = match expected {
+        let mine = match expected.filter(|_| plan.check) {
             Some(e) => e.check(&stream.clone_dtoh(output)?).err().unwrap_or_default(),
             None => String::new(),
         };

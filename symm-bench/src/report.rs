@@ -44,11 +44,19 @@ pub struct Row {
     /// The fused call's row length (`count` is tokens × hidden); empty for other rows.
     #[serde(default)]
     pub hidden: Option<usize>,
+    /// `in` for the in-place calls (`symmetric`, `pool`, `multimem`: the result replaces the
+    /// input in the symmetric buffer), `out` for the calls from an input to an output buffer.
+    #[serde(default)]
+    pub place: String,
+    /// nccl-tests' #wrong: elements that differed from the exact sum when the row was checked
+    /// (a row that fails is not timed, and is listed among the failures); empty with `-c 0`.
+    #[serde(default)]
+    pub wrong: Option<u64>,
 }
 
 /// CSV header, in `Row` field order.
 pub const CSV_HEADER: &str = "dtype,mode,algo,kernel,placement,world,blocks,size_bytes,count,time_us,p10_us,\
-p90_us,samples,empty_us,over_empty_us,host_us,empty_host_us,algbw_gbs,busbw_gbs,hbm_gbs,vs_nccl,hidden";
+p90_us,samples,empty_us,over_empty_us,host_us,empty_host_us,algbw_gbs,busbw_gbs,hbm_gbs,vs_nccl,hidden,place,wrong";
 
 /// algbw = S / t, in GB/s (10^9 bytes per second), for `bytes` and `us` microseconds.
 pub fn algbw_gbs(bytes: usize, us: f64) -> f64 {
@@ -73,6 +81,12 @@ impl Row {
         self.busbw_gbs = busbw_gbs(self.algbw_gbs, self.world);
         self.hbm_gbs = hbm_gbs(self.size_bytes, self.world, self.time_us);
         self.over_empty_us = self.empty_us.map(|e| self.time_us - e);
+        self.place = if self.kernel.starts_with("in_place") {
+            "in"
+        } else {
+            "out"
+        }
+        .into();
         self
     }
 
@@ -140,6 +154,44 @@ pub fn fill_nccl_ratios(rows: &mut [Row]) {
     }
 }
 
+/// Marks every row as checked (`#wrong` 0: the rows that are kept passed the check) when the
+/// run verifies (`-c 1`); with `-c 0` the column stays empty.
+pub fn fill_checked(rows: &mut [Row], check: bool) {
+    for r in rows.iter_mut().filter(|r| r.wrong.is_none()) {
+        r.wrong = check.then_some(0);
+    }
+}
+
+/// nccl-tests' closing lines: the rows that failed their check, and the average bus bandwidth
+/// of the all-reduce rows (over every size, mode, dtype and algorithm that ran, NCCL's
+/// included, as nccl-tests averages over its rows), then the same per algorithm.
+pub fn nccl_tests_summary(rows: &[Row], failed: usize) -> Vec<String> {
+    let all_reduce: Vec<&Row> = rows.iter().filter(|r| !r.is_other_call()).collect();
+    let avg = |rs: &[&Row]| rs.iter().map(|r| r.busbw_gbs).sum::<f64>() / rs.len().max(1) as f64;
+    let mut out = vec![format!(
+        "# Out of bounds values : {failed} {}",
+        if failed == 0 { "OK" } else { "FAILED" }
+    )];
+    out.push(format!("# Avg bus bandwidth    : {:.3} ", avg(&all_reduce)));
+    let mut algos: Vec<&str> = Vec::new();
+    for r in &all_reduce {
+        if !algos.contains(&r.algo.as_str()) {
+            algos.push(&r.algo);
+        }
+    }
+    if algos.len() > 1 {
+        let each: Vec<String> = algos
+            .iter()
+            .map(|a| {
+                let rs: Vec<&Row> = all_reduce.iter().copied().filter(|r| r.algo == *a).collect();
+                format!("{a} {:.3}", avg(&rs))
+            })
+            .collect();
+        out.push(format!("#   per algorithm (GB/s): {}", each.join(", ")));
+    }
+    out
+}
+
 /// The whole CSV file: the header (the `Row` field names, [`CSV_HEADER`]) and one record per
 /// row, written by the `csv` crate (quoting, if a field ever needs it, included).
 pub fn csv(rows: &[Row]) -> io::Result<String> {
@@ -184,6 +236,9 @@ pub struct Meta {
     /// The grid of that empty kernel: blocks per rank.
     pub empty_graph_floor_blocks: Option<u32>,
     pub gate_timeouts: usize,
+    /// `--launcher processes`: whether an MPS daemon served the ranks.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub mps: String,
     pub notes: Vec<String>,
     pub failures: Vec<String>,
 }
@@ -208,10 +263,11 @@ pub fn table(rows: &[&Row], dtype: &str, mode: Mode, group_world: usize, title: 
     let _ = writeln!(s, "#\n# dtype {dtype}, mode {} — {title}", mode.name());
     let _ = writeln!(
         s,
-        "# {:>10} {:>10}  {:<24} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8}",
+        "# {:>10} {:>10}  {:<24} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8} {:>6}",
         "size",
         "count",
         "algo",
+        "place",
         "time_us",
         "p10_us",
         "p90_us",
@@ -221,16 +277,18 @@ pub fn table(rows: &[&Row], dtype: &str, mode: Mode, group_world: usize, title: 
         "algbw",
         "busbw",
         "hbm_GB/s",
-        "vs_nccl"
+        "vs_nccl",
+        "#wrong"
     );
     let opt = |v: Option<f64>, prec: usize| v.map_or_else(|| "-".to_string(), |x| format!("{x:.prec$}"));
     for r in rows {
         let _ = writeln!(
             s,
-            "  {:>10} {:>10}  {:<24} {:>9.2} {:>9.2} {:>9.2} {:>9} {:>9} {:>8.2} {:>8.2} {:>8.2} {:>9.1} {:>8}",
+            "  {:>10} {:>10}  {:<24} {:>5} {:>9.2} {:>9.2} {:>9.2} {:>9} {:>9} {:>8.2} {:>8.2} {:>8.2} {:>9.1} {:>8} {:>6}",
             r.size_bytes,
             r.count,
             r.label(group_world),
+            r.place,
             r.time_us,
             r.p10_us,
             r.p90_us,
@@ -241,6 +299,7 @@ pub fn table(rows: &[&Row], dtype: &str, mode: Mode, group_world: usize, title: 
             r.busbw_gbs,
             r.hbm_gbs,
             opt(r.vs_nccl, 2),
+            r.wrong.map_or_else(|| "N/A".to_string(), |w| w.to_string()),
         );
     }
     s
@@ -369,6 +428,37 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn wrong_place_and_the_nccl_tests_summary() {
+        let mut rows = vec![
+            row("two_shot", Mode::GraphAmortised, 1 << 20, 10.0),
+            row("symmetric", Mode::GraphAmortised, 1 << 20, 5.0),
+            row("nccl", Mode::GraphAmortised, 1 << 20, 20.0),
+        ];
+        rows[1].kernel = "in_place".into();
+        rows[1] = rows[1].clone().with_derived();
+        assert_eq!((rows[0].place.as_str(), rows[1].place.as_str()), ("out", "in"));
+        fill_checked(&mut rows, false);
+        assert!(rows.iter().all(|r| r.wrong.is_none()));
+        let t = table(
+            &rows.iter().collect::<Vec<_>>(),
+            "bf16",
+            Mode::GraphAmortised,
+            8,
+            "t",
+        );
+        assert!(t.contains("#wrong") && t.contains("N/A"), "{t}");
+        fill_checked(&mut rows, true);
+        assert!(rows.iter().all(|r| r.wrong == Some(0)));
+        let s = nccl_tests_summary(&rows, 0);
+        assert_eq!(s[0], "# Out of bounds values : 0 OK");
+        // The mean of the three rows' busbw.
+        let mean = rows.iter().map(|r| r.busbw_gbs).sum::<f64>() / 3.0;
+        assert_eq!(s[1], format!("# Avg bus bandwidth    : {mean:.3} "));
+        assert!(s[2].contains("two_shot") && s[2].contains("nccl"), "{}", s[2]);
+        assert!(nccl_tests_summary(&rows, 2)[0].ends_with("2 FAILED"));
+    }
+
+    #[test]
     fn csv_rows_match_the_header() {
         let r = row("auto", Mode::GraphAmortised, 8192, 6.25);
         let n = row("nccl", Mode::Eager, 8192, 20.0);
@@ -380,14 +470,14 @@ pub(crate) mod tests {
         assert_eq!(
             lines[1],
             "bf16,graph_amortised,auto,one_shot,virtual,8,2,8192,4096,6.25,5.625,6.875,200,3.0,\
-             3.25,2.5,,1.3107,2.2938,20.9715,,"
+             3.25,2.5,,1.3107,2.2938,20.9715,,,out,"
         );
         let fused = Row {
             algo: "fused_one_shot".into(),
             hidden: Some(4096),
             ..r.clone()
         };
-        assert!(csv(&[fused]).unwrap().trim_end().ends_with(",4096"));
+        assert!(csv(&[fused]).unwrap().trim_end().ends_with(",4096,out,"));
         assert!(lines[2].contains(",nccl,nccl,virtual,1,,8192,"), "{}", lines[2]);
         for l in &lines {
             assert_eq!(l.split(',').count(), CSV_HEADER.split(',').count(), "{l}");
