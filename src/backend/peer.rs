@@ -292,7 +292,10 @@ impl PeerBackend {
             check_shape: if self.check { check_shape(kernel, dtype) } else { 0 },
             check_len: len,
             pool_tag,
-            ident: call_ident(kernel, dtype, len),
+            // The one-shot all-gather(-v) compares the ranks' counts itself before reading any
+            // peer's data (CountsMismatch, which leaves the communicator usable): its
+            // identity leaves the counts out, so that check, not the flags, reports them.
+            ident: call_ident(kernel, dtype, if kernel == Some(Kernel::AllGather) { 0 } else { len }),
             ..self.args
         }
     }
