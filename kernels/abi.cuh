@@ -40,9 +40,8 @@ struct SymmArgs {
     uint64_t mc_base;
     // The call's identity (src/kernels/abi.rs `call_ident`): kernel << 11 | dtype << 9 |
     // length mod 511, never 0 and below 2^16. Every barrier flag carries it beside the epoch
-    // (epoch << 16 | ident) and every low-latency block pushes it beside its data, so a rank
-    // that meets a flag or word of the same epoch from another kernel, dtype or length
-    // reports ERROR_DIVERGED instead of pairing with it.
+    // (epoch << 16 | ident), so a rank that meets a flag of the same epoch from another
+    // kernel, dtype or length reports ERROR_DIVERGED instead of pairing with it.
     uint32_t ident;
     // FLAG_* bits.
     uint32_t flags;
@@ -96,14 +95,9 @@ constexpr uint32_t POOL_TAG_BYTES = 256;
 constexpr uint32_t IDENT_BITS = 16;
 constexpr uint32_t EPOCH_BITS = 48;
 constexpr uint32_t ERROR_EPOCHS_EXHAUSTED = 5;
-// Divergence records whose shape word has this bit were found by a barrier flag or a
-// low-latency identity word (the shape word is then the ident), not by the divergence check.
+// Divergence records whose shape word has this bit were found by a barrier flag (the shape
+// word is then the ident), not by the divergence check.
 constexpr uint64_t RECORD_IDENT = 1ull << 63;
-// The low-latency identity words: [buffer LL_BUFFERS][block MAX_BLOCKS][source rank MAX_RANKS]
-// of u32 at this offset of every rank's allocation (src/symmetric/mod.rs LL_IDENT_OFFSET),
-// all ones ("not yet arrived") between calls, like the low-latency slots.
-constexpr uint64_t LL_IDENT_OFFSET = 98304;
-
 // Barrier phases, as reported in the error word (src/error.rs BarrierPhase).
 enum Phase : uint32_t { PHASE_START = 0, PHASE_MIDDLE = 1, PHASE_END = 2, PHASE_ARRIVAL = 3, PHASE_CHECK = 4 };
 

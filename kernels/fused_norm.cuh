@@ -158,7 +158,6 @@ __device__ __forceinline__ void fused_low_latency(const NormArgs& f, const SymmA
     uint4* sums = reinterpret_cast<uint4*>(f.norm_out);
     const UnicastColl coll(a, 0);
 
-    ll_push_ident(a, buffer, blockIdx.x < f.tokens);
     for (uint64_t row = blockIdx.x; row < f.tokens; row += gridDim.x) {
         for (uint32_t k = threadIdx.x; k < packs; k += NORM_THREADS) {
             const uint64_t l = row * packs + k;
@@ -170,8 +169,7 @@ __device__ __forceinline__ void fused_low_latency(const NormArgs& f, const SymmA
         for (uint32_t k = threadIdx.x; k < packs; k += NORM_THREADS) {
             const uint64_t l = row * packs + k;
             uint4 s;
-            uint32_t* ident0 = ll_ident_poll(a, buffer, row == blockIdx.x && k == threadIdx.x);
-            if (ll_reduce_line<T>(a, buffer, l, src[l], s, ident0)) {
+            if (ll_reduce_line<T>(a, buffer, l, src[l], s)) {
                 sums[l] = s;
             } else {
                 failed = 1;

@@ -57,66 +57,22 @@ __device__ __forceinline__ bool line_arrived(ulonglong2 w) {
 // serialised them), and the values are loaded straight into `w`: no second copy of 8 lines
 // in registers. The addresses are worked out once, not per poll (on the critical path every
 // instruction counts, docs/design.md).
-//
-// `ident0` (thread 0 of a block, for its first line or word; null otherwise): this block's
-// identity words in this rank's buffer (`ll_ident`, source 0's; source q's is q further),
-// polled in the same round trips as the data. A peer's word is complete only once its
-// identity has arrived too; an identity other than this call's (another kernel, dtype or
-// length in the same epoch) is ERROR_DIVERGED, and the identity words are re-armed.
 template <typename Word, typename Arrived>
 __device__ __forceinline__ bool ll_poll_peers(const SymmArgs& a, const Word* source0, uint64_t slot, Arrived arrived,
-                                              Word (&w)[MAX_RANKS], uint32_t* ident0 = nullptr) {
-    constexpr uint32_t NOT_ARRIVED = 0xffffffffu;
+                                              Word (&w)[MAX_RANKS]) {
     uint32_t pending = ((1u << a.world) - 1) & ~(1u << a.rank);
-    uint32_t id[MAX_RANKS];
     Deadline d;
     while (true) {
 #pragma unroll
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-            if (pending & (1u << q)) {
-                w[q] = ld_poll_sys(source0 + q * slot);
-                if (ident0 != nullptr) id[q] = ld_relaxed_sys_u32(ident0 + q);
-            }
+            if (pending & (1u << q)) w[q] = ld_poll_sys(source0 + q * slot);
         }
 #pragma unroll
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-            if ((pending & (1u << q)) && arrived(w[q]) && (ident0 == nullptr || id[q] != NOT_ARRIVED)) {
-                pending &= ~(1u << q);
-            }
+            if ((pending & (1u << q)) && arrived(w[q])) pending &= ~(1u << q);
         }
-        if (pending == 0) break;
+        if (pending == 0) return true;
         if (!d.keep_waiting(a, PHASE_ARRIVAL, __ffs(pending) - 1)) return false;
-    }
-    if (ident0 == nullptr) return true;
-    bool same = true;
-#pragma unroll
-    for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-        if (q < a.world && q != a.rank) {
-            st_relaxed_sys_u32(ident0 + q, NOT_ARRIVED);
-            if (same && id[q] != a.ident) {
-                report_ident_divergence(a, PHASE_ARRIVAL, q, id[q]);
-                same = false;
-            }
-        }
-    }
-    return same;
-}
-
-// This block's identity words in this rank's low-latency buffer `buffer` when this thread
-// is the one that polls them (thread 0, for its first line or word: `first`), else null.
-__device__ __forceinline__ uint32_t* ll_ident_poll(const SymmArgs& a, uint32_t buffer, bool first) {
-    return threadIdx.x == 0 && first ? ll_ident(a, a.rank, buffer, blockIdx.x, 0) : nullptr;
-}
-
-// Thread 0 of a block that will poll its identity words (`ll_ident_poll` with `first` true)
-// pushes this call's identity into its slot of every peer's, before any data: every block
-// that pushes also polls, on every rank that makes the same call, so every identity word
-// written is re-armed inside the call (the three-buffer argument of `one_shot_ll`).
-__device__ __forceinline__ void ll_push_ident(const SymmArgs& a, uint32_t buffer, bool has_work) {
-    if (threadIdx.x != 0 || !has_work) return;
-#pragma unroll
-    for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-        if (q < a.world && q != a.rank) st_relaxed_sys_u32(ll_ident(a, q, buffer, blockIdx.x, a.rank), a.ident);
     }
 }
 
@@ -124,9 +80,8 @@ __device__ __forceinline__ void ll_push_ident(const SymmArgs& a, uint32_t buffer
 // all-gather's reader).
 template <typename Arrived>
 __device__ __forceinline__ bool ll_wait_peers(const SymmArgs& a, uint32_t buffer, uint64_t l, Arrived arrived,
-                                              ulonglong2 (&w)[MAX_RANKS], uint32_t* ident0) {
-    return ll_poll_peers(a, ll_line(a, a.rank, buffer, 0, l), a.ll_slot_bytes / sizeof(ulonglong2), arrived, w,
-                         ident0);
+                                              ulonglong2 (&w)[MAX_RANKS]) {
+    return ll_poll_peers(a, ll_line(a, a.rank, buffer, 0, l), a.ll_slot_bytes / sizeof(ulonglong2), arrived, w);
 }
 
 // Waits for line `l` of every peer (`ll_poll_peers`), sums in rank order 0..W-1 in fp32 (this
@@ -136,12 +91,12 @@ __device__ __forceinline__ bool ll_wait_peers(const SymmArgs& a, uint32_t buffer
 // sums through it, so each has the arithmetic of every other algorithm.
 template <typename T>
 __device__ __forceinline__ bool ll_reduce_line(const SymmArgs& a, uint32_t buffer, uint64_t l, uint4 own,
-                                               uint4& sum, uint32_t* ident0) {
+                                               uint4& sum) {
     constexpr uint32_t PER_LINE = Elem<T>::PER_PACK;
     ulonglong2* source0 = ll_line(a, a.rank, buffer, 0, l);
     const uint64_t slot = a.ll_slot_bytes / sizeof(ulonglong2);
     ulonglong2 w[MAX_RANKS];
-    if (!ll_poll_peers(a, source0, slot, line_arrived, w, ident0)) return false;
+    if (!ll_poll_peers(a, source0, slot, line_arrived, w)) return false;
     float acc[PER_LINE];
 #pragma unroll
     for (uint32_t q = 0; q < MAX_RANKS; ++q) {
@@ -166,10 +121,10 @@ __device__ __forceinline__ bool ll_reduce_line(const SymmArgs& a, uint32_t buffe
 // element by element). False (nothing stored) when the wait failed.
 template <typename T>
 __device__ __forceinline__ bool ll_sum_line(const SymmArgs& a, uint32_t buffer, uint64_t l, uint4 own, T* out,
-                                            uint64_t n, bool out_aligned, uint32_t* ident0) {
+                                            uint64_t n, bool out_aligned) {
     constexpr uint32_t PER_LINE = Elem<T>::PER_PACK;
     Pack<T> r;
-    if (!ll_reduce_line<T>(a, buffer, l, own, r.bits, ident0)) return false;
+    if (!ll_reduce_line<T>(a, buffer, l, own, r.bits)) return false;
     if ((l + 1) * PER_LINE <= n) {
         store_pack(out, l, r.bits, out_aligned);
     } else {
@@ -228,8 +183,7 @@ __device__ __forceinline__ bool ll_all_reduce_word(const T* in, T* out, uint64_t
     uint32_t* source0 = reinterpret_cast<uint32_t*>(ll_line(a, a.rank, buffer, 0, 0)) + i;
     const uint64_t slot = a.ll_slot_bytes / sizeof(uint32_t);
     uint32_t w[MAX_RANKS];
-    uint32_t* ident0 = ll_ident_poll(a, buffer, true);
-    if (!ll_poll_peers(a, source0, slot, [](uint32_t x) { return x != NOT_ARRIVED; }, w, ident0)) return false;
+    if (!ll_poll_peers(a, source0, slot, [](uint32_t x) { return x != NOT_ARRIVED; }, w)) return false;
 
     float acc[PER_WORD];
 #pragma unroll
@@ -312,10 +266,8 @@ __device__ __forceinline__ void one_shot_ll(const T* in, T* out, uint64_t n, con
     if (Coll::WORDS && words <= loop.step) {
         // One 32-bit word per thread (`ll_all_reduce_word`); a thread past the message has
         // nothing to wait for and so does not let the next kernel launch.
-        ll_push_ident(a, buffer, loop.first < words);
         if (loop.first < words && ll_all_reduce_word(in, out, n, a, buffer, loop.first)) pdl_trigger(a);
     } else {
-        ll_push_ident(a, buffer, loop.first < lines);
         // One 16-byte line per thread and step; the first line stays in registers as this
         // rank's own contribution.
         const uint4 own_first = loop.first < lines ? load_line(in, n, loop.first, in_aligned) : make_uint4(0, 0, 0, 0);
@@ -325,7 +277,7 @@ __device__ __forceinline__ void one_shot_ll(const T* in, T* out, uint64_t n, con
         }
         for (uint64_t l = loop.first; l < lines; l += loop.step) {
             const uint4 own = l == loop.first ? own_first : load_line(in, n, l, in_aligned);
-            if (!ll_sum_line(a, buffer, l, own, out, n, out_aligned, ll_ident_poll(a, buffer, l == loop.first))) break;
+            if (!ll_sum_line(a, buffer, l, own, out, n, out_aligned)) break;
         }
         // Every peer's data for this thread's lines has arrived: the next kernel may start
         // launching (not a thread without a line: it has waited for nothing).
@@ -353,7 +305,6 @@ __device__ __forceinline__ void reduce_scatter_ll(const T* in, T* out, uint64_t 
     const bool out_aligned = is_aligned(out, 16);
     const T* own_slice = in + a.rank * n;
 
-    ll_push_ident(a, buffer, loop.first < lines);
     for (uint64_t l = loop.first; l < lines; l += loop.step) {
 #pragma unroll
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
@@ -364,10 +315,7 @@ __device__ __forceinline__ void reduce_scatter_ll(const T* in, T* out, uint64_t 
         }
     }
     for (uint64_t l = loop.first; l < lines; l += loop.step) {
-        if (!ll_sum_line(a, buffer, l, load_line(own_slice, n, l, slices_aligned), out, n, out_aligned,
-                         ll_ident_poll(a, buffer, l == loop.first))) {
-            break;
-        }
+        if (!ll_sum_line(a, buffer, l, load_line(own_slice, n, l, slices_aligned), out, n, out_aligned)) break;
     }
     if (loop.first < lines) pdl_trigger(a);  // not a thread that waited for nothing
     end_call(a, epoch);

@@ -76,7 +76,6 @@ __device__ __forceinline__ void all_gather_ll(const char* in, char* out, uint64_
     const uint32_t buffer = static_cast<uint32_t>(epoch % LL_BUFFERS);
     const uint64_t flag = static_cast<uint64_t>(ll_byte_flag(chunk)) << 32;
 
-    ll_push_ident(a, buffer, loop.first < lines);
     for (uint64_t l = loop.first; l < lines; l += loop.step) {
         const uint2 v = load_byte_line(in, chunk, l);
         const ulonglong2 w = make_ulonglong2(flag | v.x, flag | v.y);
@@ -95,7 +94,7 @@ __device__ __forceinline__ void all_gather_ll(const char* in, char* out, uint64_
         const auto arrived = [&](ulonglong2 x) {
             return (x.x & ~0xffffffffull) == flag && (x.y & ~0xffffffffull) == flag;
         };
-        if (!ll_wait_peers(a, buffer, l, arrived, w, ll_ident_poll(a, buffer, l == loop.first))) break;
+        if (!ll_wait_peers(a, buffer, l, arrived, w)) break;
 #pragma unroll
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
             if (q < a.world && q != a.rank) {

@@ -25,14 +25,6 @@ __device__ __forceinline__ ulonglong2* ll_line(const SymmArgs& a, uint32_t owner
     return reinterpret_cast<ulonglong2*>(slot) + line;
 }
 
-// The identity word (SymmArgs::ident) that block `block` of rank `source` pushes into
-// `owner`'s low-latency buffer `buffer`: all ones until it arrives, re-armed by its reader.
-__device__ __forceinline__ uint32_t* ll_ident(const SymmArgs& a, uint32_t owner, uint32_t buffer, uint32_t block,
-                                              uint32_t source) {
-    return reinterpret_cast<uint32_t*>(rank_alloc(a, owner) + LL_IDENT_OFFSET) + (buffer * MAX_BLOCKS + block) * MAX_RANKS +
-           source;
-}
-
 // Rank `owner`'s call state entry for block index `block` (peers only ever write its poison
 // word).
 __device__ __forceinline__ BlockState* block_state_of(const SymmArgs& a, uint32_t owner, uint32_t block) {

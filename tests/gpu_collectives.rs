@@ -1149,7 +1149,12 @@ fn all_gather_v_goes_to_nccl_through_its_own_fallback(ctx: Arc<CudaContext>) {
 /// one-shot), W = 2, 3 and 8, bf16, f32 and u8: the bytes (or the fp32 rank-order bits) of
 /// the aligned call, and nothing written around the output view.
 fn collectives_take_views_at_element_offsets(ctx: Arc<CudaContext>) {
-    fn gather<T: Gatherable>(comms: &[Communicator], streams: &[Arc<CudaStream>], algo: Algorithm, g: &mut StdRng) {
+    fn gather<T: Gatherable>(
+        comms: &[Communicator],
+        streams: &[Arc<CudaStream>],
+        algo: Algorithm,
+        g: &mut StdRng,
+    ) {
         let w = comms.len();
         for (ioff, ooff) in [(1usize, 3usize), (3, 1)] {
             let len = 1001;
@@ -1162,7 +1167,12 @@ fn collectives_take_views_at_element_offsets(ctx: Arc<CudaContext>) {
                 let x = s.clone_htod(&host_in).unwrap();
                 let mut y = s.clone_htod(&poison::<T>(w * len + 8)).unwrap();
                 comms[r]
-                    .all_gather_with(&x.slice(ioff..ioff + len), &mut y.slice_mut(ooff..ooff + w * len), s, algo)
+                    .all_gather_with(
+                        &x.slice(ioff..ioff + len),
+                        &mut y.slice_mut(ooff..ooff + w * len),
+                        s,
+                        algo,
+                    )
                     .unwrap();
                 outs.push((x, y));
             }
@@ -1172,7 +1182,12 @@ fn collectives_take_views_at_element_offsets(ctx: Arc<CudaContext>) {
                 let what = format!("{algo:?} all_gather W={w} +{ioff}/+{ooff} rank {r}");
                 same_bytes(&what, &ins.concat(), &got[ooff..ooff + w * len]).unwrap();
                 same_bytes(&format!("{what} before"), &poison::<T>(ooff), &got[..ooff]).unwrap();
-                same_bytes(&format!("{what} after"), &poison::<T>(8 - ooff), &got[ooff + w * len..]).unwrap();
+                same_bytes(
+                    &format!("{what} after"),
+                    &poison::<T>(8 - ooff),
+                    &got[ooff + w * len..],
+                )
+                .unwrap();
             }
             // all_gather_v (one-shot kernel) with uneven counts at the same offsets.
             let counts: Vec<usize> = (0..w).map(|q| 100 + 37 * q).collect();
@@ -1186,7 +1201,12 @@ fn collectives_take_views_at_element_offsets(ctx: Arc<CudaContext>) {
                 let x = s.clone_htod(&host_in).unwrap();
                 let mut y = s.clone_htod(&poison::<T>(total + 8)).unwrap();
                 comms[r]
-                    .all_gather_v(&x.slice(ioff..ioff + counts[r]), &counts, &mut y.slice_mut(ooff..ooff + total), s)
+                    .all_gather_v(
+                        &x.slice(ioff..ioff + counts[r]),
+                        &counts,
+                        &mut y.slice_mut(ooff..ooff + total),
+                        s,
+                    )
                     .unwrap();
                 vouts.push((x, y));
             }
@@ -1202,7 +1222,12 @@ fn collectives_take_views_at_element_offsets(ctx: Arc<CudaContext>) {
             }
         }
     }
-    fn scatter<T: TestElem>(comms: &[Communicator], streams: &[Arc<CudaStream>], algo: Algorithm, g: &mut StdRng) {
+    fn scatter<T: TestElem>(
+        comms: &[Communicator],
+        streams: &[Arc<CudaStream>],
+        algo: Algorithm,
+        g: &mut StdRng,
+    ) {
         let w = comms.len();
         for (ioff, ooff) in [(1usize, 3usize), (3, 1)] {
             let len = 777;
@@ -1215,7 +1240,12 @@ fn collectives_take_views_at_element_offsets(ctx: Arc<CudaContext>) {
                 let x = s.clone_htod(&host_in).unwrap();
                 let mut y = s.clone_htod(&vec![T::from_f32(-3.0); len + 8]).unwrap();
                 comms[r]
-                    .reduce_scatter_with(&x.slice(ioff..ioff + w * len), &mut y.slice_mut(ooff..ooff + len), s, algo)
+                    .reduce_scatter_with(
+                        &x.slice(ioff..ioff + w * len),
+                        &mut y.slice_mut(ooff..ooff + len),
+                        s,
+                        algo,
+                    )
                     .unwrap();
                 outs.push((x, y));
             }
@@ -1226,7 +1256,10 @@ fn collectives_take_views_at_element_offsets(ctx: Arc<CudaContext>) {
                 let what = format!("{algo:?} reduce_scatter W={w} +{ioff}/+{ooff} rank {r}");
                 check_bits(&what, &sum[r * len..(r + 1) * len], &got[ooff..ooff + len]).unwrap();
                 assert!(
-                    got[..ooff].iter().chain(&got[ooff + len..]).all(|v| v.to_f32() == -3.0),
+                    got[..ooff]
+                        .iter()
+                        .chain(&got[ooff + len..])
+                        .all(|v| v.to_f32() == -3.0),
                     "{what}: written outside the view"
                 );
             }

@@ -12,7 +12,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::abi::{
     call_ident, check_shape, fused_check_len, gather_check_len, SymmArgs, BLOCK_STATE_BYTES,
-    FLAG_CONSUMER_WAITS, FLAG_PDL_AT_EXIT, LL_IDENT_BYTES, LL_IDENT_OFFSET, MAX_BLOCKS, THREADS_PER_BLOCK,
+    FLAG_CONSUMER_WAITS, FLAG_PDL_AT_EXIT, MAX_BLOCKS, THREADS_PER_BLOCK,
 };
 use crate::kernels::coll::{self, GatherCounts};
 use crate::kernels::launch;
@@ -295,7 +295,11 @@ impl PeerBackend {
             // The one-shot all-gather(-v) compares the ranks' counts itself before reading any
             // peer's data (CountsMismatch, which leaves the communicator usable): its
             // identity leaves the counts out, so that check, not the flags, reports them.
-            ident: call_ident(kernel, dtype, if kernel == Some(Kernel::AllGather) { 0 } else { len }),
+            ident: call_ident(
+                kernel,
+                dtype,
+                if kernel == Some(Kernel::AllGather) { 0 } else { len },
+            ),
             ..self.args
         }
     }
@@ -391,18 +395,13 @@ impl PeerBackend {
         (state, MAX_BLOCKS * BLOCK_STATE_BYTES)
     }
 
-    /// The device ranges of this rank's low-latency slots and identity words: (address,
-    /// bytes) each; both hold the all-ones sentinel between calls.
-    pub(crate) fn low_latency_regions(&self) -> [(u64, usize); 2] {
+    /// The device range of this rank's low-latency slots: (address, bytes).
+    pub(crate) fn low_latency_region(&self) -> (u64, usize) {
         let layout = self.layout();
-        let own = self.workspace.base() + self.args.rank as u64 * self.args.stride;
-        [
-            (
-                own + self.args.ll_offset,
-                layout.ll_bytes(self.args.world as usize),
-            ),
-            (own + LL_IDENT_OFFSET as u64, LL_IDENT_BYTES),
-        ]
+        (
+            self.workspace.base() + self.args.rank as u64 * self.args.stride + self.args.ll_offset,
+            layout.ll_bytes(self.args.world as usize),
+        )
     }
 
     fn launch_function(

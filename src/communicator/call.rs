@@ -365,33 +365,24 @@ impl Communicator {
             .collect())
     }
 
-    /// Test hook: whether every byte of this rank's low-latency slots and identity words
-    /// holds the "not yet arrived" sentinel (synchronises the context; call between calls).
+    /// Test hook: whether every byte of this rank's low-latency slots holds the "not yet
+    /// arrived" sentinel (synchronises the context; call between calls).
     #[doc(hidden)]
     pub fn __low_latency_slots_armed(&self) -> Result<bool> {
-        let regions = self.peer()?.low_latency_regions();
+        let (ptr, bytes) = self.peer()?.low_latency_region();
         self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
         self.ctx.synchronize().during("cuCtxSynchronize")?;
-        for (ptr, bytes) in regions {
-            if !crate::driver::vmm::read(ptr, bytes)?.iter().all(|&b| b == 0xff) {
-                return Ok(false);
-            }
-        }
-        Ok(true)
+        Ok(crate::driver::vmm::read(ptr, bytes)?.iter().all(|&b| b == 0xff))
     }
 
-    /// Test hook: overwrites every byte of this rank's low-latency slots and identity words
-    /// with `byte`, as an earlier communicator's lines would look (synchronous; call between
-    /// calls).
+    /// Test hook: overwrites every byte of this rank's low-latency slots with `byte`, as an
+    /// earlier communicator's lines would look (synchronous; call between calls).
     #[doc(hidden)]
     pub fn __scribble_low_latency_slots(&self, byte: u8) -> Result<()> {
-        let regions = self.peer()?.low_latency_regions();
+        let (ptr, bytes) = self.peer()?.low_latency_region();
         self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
         self.ctx.synchronize().during("cuCtxSynchronize")?;
-        for (ptr, bytes) in regions {
-            crate::driver::vmm::fill(ptr, byte, bytes)?;
-        }
-        Ok(())
+        crate::driver::vmm::fill(ptr, byte, bytes)
     }
 
     /// Waits for `stream` and reports a timeout any earlier call hit (and an error NCCL

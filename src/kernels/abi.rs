@@ -136,8 +136,8 @@ pub(crate) struct SymmArgs {
     /// The multicast address of the bound allocations (0 without a multicast object); read
     /// only by the multimem kernels (kernels/multimem.cuh).
     pub(crate) mc_base: u64,
-    /// The call's identity ([`call_ident`]), carried by every barrier flag and low-latency
-    /// identity word: a rank that meets another call's reports `Diverged`.
+    /// The call's identity ([`call_ident`]), carried by every barrier flag beside the epoch: a
+    /// rank that meets another call's reports `Diverged`.
     pub(crate) ident: u32,
     /// `FLAG_*` bits.
     pub(crate) flags: u32,
@@ -155,18 +155,14 @@ pub(crate) const IDENT_BITS: u32 = 16;
 pub(crate) const EPOCH_BITS: u32 = 48;
 /// Error word kind 5: the call counter reached `2^EPOCH_BITS`.
 pub(crate) const ERROR_EPOCHS_EXHAUSTED: u32 = 5;
-/// A divergence record's shape word with this bit holds a call identity ([`call_ident`]).
+/// A divergence record's shape word with this bit holds a call identity ([`call_ident`]) (a
+/// barrier flag found it).
 pub(crate) const RECORD_IDENT: u64 = 1 << 63;
-/// Offset of the low-latency identity words in every rank's allocation:
-/// `[buffer LL_BUFFERS][block MAX_BLOCKS][source MAX_RANKS]` of u32.
-pub(crate) const LL_IDENT_OFFSET: usize = 96 << 10;
-/// Bytes of the low-latency identity words.
-pub(crate) const LL_IDENT_BYTES: usize = LL_BUFFERS * MAX_BLOCKS * MAX_RANKS * 4;
 /// The length digest of a call identity: `len mod 511` (lengths that differ by less than 511
 /// always differ in it).
 const IDENT_LEN_MOD: u64 = 511;
 
-/// The identity a call's barrier flags and low-latency words carry: `kernel << 11 | dtype << 9
+/// The identity a call's barrier flags carry: `kernel << 11 | dtype << 9
 /// | len mod 511` (`kernel`: its table index + 1, 31 for the sync floor; `len` as the
 /// divergence check announces it). Never 0, below 2^16. Two ranks whose calls differ in
 /// kernel or dtype, or in a length by less than 511 (elements, bytes, or tokens × hidden),
@@ -492,7 +488,6 @@ mod tests {
         assert_eq!(get("IDENT_BITS"), IDENT_BITS as u64);
         assert_eq!(get("EPOCH_BITS"), EPOCH_BITS as u64);
         assert_eq!(get("ERROR_EPOCHS_EXHAUSTED"), ERROR_EPOCHS_EXHAUSTED as u64);
-        assert_eq!(get("LL_IDENT_OFFSET"), LL_IDENT_OFFSET as u64);
         assert_eq!(get("FLAG_PDL_AT_EXIT"), FLAG_PDL_AT_EXIT as u64);
         assert_eq!(get("FLAG_CONSUMER_WAITS"), FLAG_CONSUMER_WAITS as u64);
         assert!(

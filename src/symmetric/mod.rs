@@ -31,8 +31,8 @@ mod workspace;
 pub(crate) use workspace::{allocate, Workspace};
 
 use crate::kernels::abi::{
-    BLOCK_STATE_BYTES, CHECK_BYTES, CHECK_OFFSET, LL_BUFFERS, LL_IDENT_BYTES, LL_IDENT_OFFSET, MAX_BLOCKS,
-    MAX_RANKS, POOL_TAG_BYTES, SIGNAL_PHASES, SLOTS_PER_ROW,
+    BLOCK_STATE_BYTES, CHECK_BYTES, CHECK_OFFSET, LL_BUFFERS, MAX_BLOCKS, MAX_RANKS, POOL_TAG_BYTES,
+    SIGNAL_PHASES, SLOTS_PER_ROW,
 };
 
 pub(crate) const SIGNAL_OFFSET: usize = 0;
@@ -42,8 +42,7 @@ pub(crate) const DATA_OFFSET: usize = 128 << 10;
 
 const _: () = assert!(SIGNAL_OFFSET + SIGNAL_PHASES * MAX_BLOCKS * SIGNAL_ROW_BYTES <= STATE_OFFSET);
 const _: () = assert!(STATE_OFFSET + MAX_BLOCKS * BLOCK_STATE_BYTES <= CHECK_OFFSET);
-const _: () = assert!(CHECK_OFFSET + CHECK_BYTES <= LL_IDENT_OFFSET);
-const _: () = assert!(LL_IDENT_OFFSET + LL_IDENT_BYTES <= DATA_OFFSET);
+const _: () = assert!(CHECK_OFFSET + CHECK_BYTES <= DATA_OFFSET);
 const _: () = assert!(MAX_RANKS <= SLOTS_PER_ROW);
 
 /// Sizes derived from the configured capacity and the device granularity.

@@ -6,7 +6,6 @@ use std::os::fd::{AsFd, OwnedFd};
 use super::Layout;
 use crate::driver::vmm::{self, Allocation, PeerMapping};
 use crate::error::{Error, Result};
-use crate::kernels::abi::{LL_IDENT_BYTES, LL_IDENT_OFFSET};
 
 /// One rank's view of the workspace. Field order is drop order: the mapping goes first,
 /// then the imported peer handles, then this rank's own allocation.
@@ -75,7 +74,6 @@ impl Workspace {
         let own_base = mapping.base() + (rank * layout.alloc_bytes) as u64;
         vmm::fill(own_base, 0, layout.alloc_bytes)?;
         vmm::fill(own_base + layout.ll_offset() as u64, 0xff, layout.ll_bytes(world))?;
-        vmm::fill(own_base + LL_IDENT_OFFSET as u64, 0xff, LL_IDENT_BYTES)?;
         Ok(Workspace {
             mapping,
             _peers: peers.into_iter().map(|(_, a)| a).collect(),
