@@ -11,6 +11,8 @@ Rust side validates all of it and raises the exceptions of :mod:`symm_allreduce.
 
 from __future__ import annotations
 
+import importlib.util
+
 from . import errors
 from ._comm import (
     CONFIG_KEYS,
@@ -30,6 +32,9 @@ from .errors import (
     SymmAllReduceError,
     UnavailableError,
 )
+
+if importlib.util.find_spec("torch") is not None:
+    from . import ops  # noqa: F401  (registers torch.ops.symm_allreduce.*)
 
 __all__ = [
     "CONFIG_KEYS",

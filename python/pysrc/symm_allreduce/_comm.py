@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import socket
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any
 
 from . import _native
 from ._tensor import TensorLike, describe
@@ -83,7 +83,7 @@ class SymmAllReduce:
     """
 
     disabled: bool
-    reason: Optional[str]
+    reason: str | None
 
     def __init__(
         self,
@@ -94,7 +94,7 @@ class SymmAllReduce:
     ) -> None:
         self.disabled = True
         self.reason = None
-        self._native: Optional[Any] = None
+        self._native: Any | None = None
         self._device = 0
         self._rank = 0
         self._world = 1
@@ -123,7 +123,7 @@ class SymmAllReduce:
 
         # Every rank's verdict first, so that all come up disabled together (a rank that
         # refused alone would leave the others waiting in the setup's exchanges).
-        why: Optional[str] = None
+        why: str | None = None
         try:
             validate_config(capacity_bytes=self.max_size, **config)
         except SymmAllReduceError as e:
@@ -217,7 +217,7 @@ class SymmAllReduce:
             return False
         return d[1] * int(_native.element_size(name)) <= self.max_size
 
-    def custom_all_reduce(self, input: torch.Tensor) -> Optional[torch.Tensor]:
+    def custom_all_reduce(self, input: torch.Tensor) -> torch.Tensor | None:
         """The sum of ``input`` over the ranks in a new tensor, or ``None`` when this
         communicator does not take it (the caller then falls through to NCCL)."""
         if not self.should_custom_ar(input):
@@ -233,7 +233,7 @@ class SymmAllReduce:
     # ---- collectives --------------------------------------------------------------------
 
     def all_reduce(
-        self, inp: torch.Tensor, out: Optional[torch.Tensor] = None, *, algorithm: str = "auto"
+        self, inp: torch.Tensor, out: torch.Tensor | None = None, *, algorithm: str = "auto"
     ) -> torch.Tensor:
         """``out ← Σ_ranks inp`` (a new tensor of ``inp``'s shape when ``out`` is None; ``out``
         may be ``inp`` for an in-place sum, zero-copy when ``inp`` is an
@@ -244,7 +244,7 @@ class SymmAllReduce:
         native.all_reduce(describe(inp), describe(out), _stream(self._device), algorithm)
         return out
 
-    def all_gather(self, inp: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def all_gather(self, inp: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Every rank's ``inp`` stacked rank-major: shape ``(world, *inp.shape)`` by default
         (any tensor of ``world · inp.numel()`` elements as ``out``)."""
         native = self._live()
@@ -254,7 +254,7 @@ class SymmAllReduce:
         return out
 
     def all_gather_v(
-        self, inp: torch.Tensor, sizes: Sequence[int], out: Optional[torch.Tensor] = None
+        self, inp: torch.Tensor, sizes: Sequence[int], out: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Rank q's ``sizes[q]`` rows (along dim 0) concatenated in rank order: shape
         ``(sum(sizes), *inp.shape[1:])``. ``sizes`` is the same on every rank and
@@ -270,7 +270,7 @@ class SymmAllReduce:
         return out
 
     def reduce_scatter(
-        self, inp: torch.Tensor, out: Optional[torch.Tensor] = None, *, algorithm: str = "auto"
+        self, inp: torch.Tensor, out: torch.Tensor | None = None, *, algorithm: str = "auto"
     ) -> torch.Tensor:
         """This rank's slice of ``Σ_ranks inp``: ``inp`` split along dim 0 into ``world``
         equal parts (flat when dim 0 does not divide), part ``rank`` of the sum."""
@@ -291,7 +291,7 @@ class SymmAllReduce:
         residual: torch.Tensor,
         weight: torch.Tensor,
         eps: float = 1e-6,
-        out: Optional[torch.Tensor] = None,
+        out: torch.Tensor | None = None,
         *,
         algorithm: str = "auto",
     ) -> torch.Tensor:
@@ -313,7 +313,7 @@ class SymmAllReduce:
         )
         return out
 
-    def alloc_symmetric(self, shape: Union[int, Sequence[int]], dtype: Any) -> torch.Tensor:
+    def alloc_symmetric(self, shape: int | Sequence[int], dtype: Any) -> torch.Tensor:
         """A tensor over this communicator's symmetric pool (``pool_bytes``): ``all_reduce(t,
         t)`` on it is zero-copy. Collective: every rank allocates (and frees, by dropping the
         tensors) in the same order with the same shapes."""
