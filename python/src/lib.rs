@@ -132,7 +132,9 @@ fn parse_config(options: Option<&Bound<'_, PyDict>>) -> PyResult<Config> {
             "timeout" => {
                 let seconds: f64 = value.extract().map_err(bad)?;
                 c.timeout = Duration::try_from_secs_f64(seconds).map_err(|e| {
-                    invalid_call(format!("config keyword timeout: {seconds} s is not a duration ({e})"))
+                    invalid_call(format!(
+                        "config keyword timeout: {seconds} s is not a duration ({e})"
+                    ))
                 })?;
             }
             "nccl_above_bytes" => c.nccl_above_bytes = value.extract().map_err(bad)?,
@@ -185,7 +187,10 @@ fn config_dict<'py>(py: Python<'py>, c: &Config) -> PyResult<Bound<'py, PyDict>>
 /// Validates keyword arguments as a `Config` and returns every field (defaults filled in).
 #[pyfunction]
 #[pyo3(signature = (**options))]
-fn validate_config<'py>(py: Python<'py>, options: Option<&Bound<'py, PyDict>>) -> PyResult<Bound<'py, PyDict>> {
+fn validate_config<'py>(
+    py: Python<'py>,
+    options: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyDict>> {
     config_dict(py, &parse_config(options)?)
 }
 
@@ -226,7 +231,10 @@ impl Bootstrap for PyBootstrap {
             let failed = |e: PyErr| Error::Bootstrap {
                 reason: format!("the group's all-gather (a Python callable) failed: {e}"),
             };
-            let out = self.gather.call1(py, (PyBytes::new(py, bytes),)).map_err(failed)?;
+            let out = self
+                .gather
+                .call1(py, (PyBytes::new(py, bytes),))
+                .map_err(failed)?;
             let parts: Vec<Bound<'_, PyBytes>> = out.extract(py).map_err(failed)?;
             if parts.len() != self.world {
                 return Err(Error::Bootstrap {
@@ -384,7 +392,13 @@ impl PyCommunicator {
     /// `output ← Σ_ranks input` (both `(ptr, numel, dtype, device_type, device_index,
     /// contiguous)` descriptors); `output` may be `input` (in place).
     #[pyo3(signature = (input, output, stream, algorithm = "auto"))]
-    fn all_reduce(&self, input: TensorArg, output: TensorArg, stream: usize, algorithm: &str) -> PyResult<()> {
+    fn all_reduce(
+        &self,
+        input: TensorArg,
+        output: TensorArg,
+        stream: usize,
+        algorithm: &str,
+    ) -> PyResult<()> {
         let algorithm = parse_algorithm(algorithm)?;
         let kind = tensor::same_dtype(&[(&input, "input"), (&output, "output")])?;
         let s = self.stream(stream)?;
@@ -414,7 +428,13 @@ impl PyCommunicator {
     }
 
     /// Gathers `counts[q]` elements of every rank q into `output`, rank-major.
-    fn all_gather_v(&self, input: TensorArg, counts: Vec<usize>, output: TensorArg, stream: usize) -> PyResult<()> {
+    fn all_gather_v(
+        &self,
+        input: TensorArg,
+        counts: Vec<usize>,
+        output: TensorArg,
+        stream: usize,
+    ) -> PyResult<()> {
         let kind = tensor::same_dtype(&[(&input, "input"), (&output, "output")])?;
         let s = self.stream(stream)?;
         let comm = self.comm()?;
@@ -427,7 +447,13 @@ impl PyCommunicator {
 
     /// Sums `input` (`world · len` elements) and leaves this rank's slice in `output`.
     #[pyo3(signature = (input, output, stream, algorithm = "auto"))]
-    fn reduce_scatter(&self, input: TensorArg, output: TensorArg, stream: usize, algorithm: &str) -> PyResult<()> {
+    fn reduce_scatter(
+        &self,
+        input: TensorArg,
+        output: TensorArg,
+        stream: usize,
+        algorithm: &str,
+    ) -> PyResult<()> {
         let algorithm = parse_algorithm(algorithm)?;
         let kind = tensor::same_dtype(&[(&input, "input"), (&output, "output")])?;
         let s = self.stream(stream)?;
@@ -474,7 +500,12 @@ impl PyCommunicator {
     /// A buffer of `shape` elements of `dtype` in the symmetric pool, as a DLPack capsule
     /// (`torch.from_dlpack` makes it a tensor). Collective: every rank makes the same
     /// sequence of allocations and frees.
-    fn alloc_symmetric<'py>(&self, py: Python<'py>, shape: Vec<i64>, dtype: &str) -> PyResult<Bound<'py, PyAny>> {
+    fn alloc_symmetric<'py>(
+        &self,
+        py: Python<'py>,
+        shape: Vec<i64>,
+        dtype: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let kind = Kind::parse(dtype)?;
         let comm = self.comm()?;
         let len = dlpack::element_count(&shape)?;

@@ -5,7 +5,9 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use pyo3::PyResult;
-use symm_allreduce::cudarc::driver::{sys, CudaContext, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
+use symm_allreduce::cudarc::driver::{
+    sys, CudaContext, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop,
+};
 use symm_allreduce::{DType, Error};
 
 use crate::errors::{invalid_call, raise};
@@ -59,14 +61,17 @@ impl Kind {
             "i8" => "int8",
             other => other,
         };
-        Kind::ALL.into_iter().find(|k| k.torch_name() == alias).ok_or_else(|| {
-            let names: Vec<&str> = Kind::ALL.iter().map(|k| k.torch_name()).collect();
-            invalid_call(format!(
+        Kind::ALL
+            .into_iter()
+            .find(|k| k.torch_name() == alias)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Kind::ALL.iter().map(|k| k.torch_name()).collect();
+                invalid_call(format!(
                 "unsupported dtype {name}: the reductions take float32, float16 and bfloat16, the gathers \
                  also {}; convert the tensor (tensor.to(torch.bfloat16)) or reduce it with torch.distributed",
                 names[3..].join(" and ")
             ))
-        })
+            })
     }
 
     pub(crate) fn from_dtype(d: DType) -> Kind {

@@ -23,7 +23,7 @@ def main() -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.cuda.set_device(0)
-    comm = sar.SymmAllReduce(dist.group.WORLD, torch.device("cuda", 0), 4 << 20, timeout=20.0)
+    comm = sar.SymmAllReduce(dist.group.WORLD, torch.device("cuda", 0), 4 << 20, timeout=60.0)
     if comm.disabled:
         print(f"RANK {rank}/{world} disabled: {comm.reason}")
         return 2
@@ -63,6 +63,20 @@ def main() -> int:
         torch.cuda.synchronize()
         if not torch.equal(out.cpu(), emulate(xs)):
             print(f"RANK {rank}/{world} FAILED: graph replay {it} differs")
+            return 1
+
+    # torch.compile of a function calling the custom op (each process compiles its own; the
+    # handle is the same constant on every rank).
+    def f(x: torch.Tensor, handle: int) -> torch.Tensor:
+        return torch.ops.symm_allreduce.all_reduce(x * 2, handle) + 1
+
+    for backend in ("aot_eager", "inductor"):
+        cf = torch.compile(f, backend=backend, fullgraph=True)
+        xs = [torch.randn(4099, generator=torch.Generator().manual_seed(2000 + q)) for q in range(world)]
+        out = cf(xs[rank].cuda(), comm.handle)
+        comm.synchronize()
+        if not torch.equal(out.cpu(), emulate([x * 2 for x in xs]) + 1):
+            print(f"RANK {rank}/{world} FAILED: torch.compile ({backend}) differs")
             return 1
     comm.close()
     dist.barrier()
