@@ -261,3 +261,16 @@ def test_world_of_one_is_disabled(monkeypatch):
     _with_fake_dist(monkeypatch, _FakeDist(0, 1, None))
     comm = sar.SymmAllReduce(object(), device=0)
     assert comm.disabled and "one rank" in comm.reason
+
+
+def test_bench_helpers_without_a_gpu():
+    from symm_allreduce import bench
+
+    assert bench._parse_sizes("8K, 2M,100") == [8192, 2 << 20, 100]
+    row = {c: 1 for c in bench.COLUMNS} | {"time_us": 4.25, "dtype": "bf16"}
+    table = bench.format_table([row])
+    lines = table.splitlines()
+    assert lines[0].split() == list(bench.COLUMNS)
+    assert "4.25" in lines[1].split() and "bf16" in lines[1].split()
+    with pytest.raises(SystemExit):
+        bench.main(["--modes", "eager,fastest"])
