@@ -5,7 +5,7 @@
 //! an integer; this module validates every one of them (the device of the stream and of the
 //! memory is asked of the driver, not trusted) and calls the crate's public API. No libtorch
 //! is linked. Every crate [`Error`] becomes an exception of `symm_allreduce.errors`, with the
-//! crate's own message ([`raise`]).
+//! crate's own message (`errors::raise`).
 
 mod dlpack;
 mod errors;
