@@ -1,0 +1,386 @@
+"""The communicator class, shaped like vLLM's ``CustomAllreduce`` and SGLang's custom
+all-reduce object."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from . import _native
+from ._tensor import TensorLike, describe
+from .errors import SymmAllReduceError
+
+if TYPE_CHECKING:
+    import torch
+
+#: Every ``Config`` field, accepted as a keyword argument by :class:`SymmAllReduce` and
+#: :func:`local_group` (``timeout`` in seconds, ``tuning`` a table file, ``algorithm`` and
+#: ``multicast`` by name).
+CONFIG_KEYS: tuple[str, ...] = tuple(_native.CONFIG_KEYS)
+
+#: The dtypes the reductions sum (``torch`` names).
+REDUCE_DTYPES: tuple[str, ...] = tuple(_native.dtypes()[0])
+
+#: The dtypes the gathers move.
+GATHER_DTYPES: tuple[str, ...] = tuple(_native.dtypes()[1])
+
+# Live communicators by handle, for the torch.library ops (which take the handle as an int).
+_REGISTRY: dict[int, SymmAllReduce] = {}
+_NEXT_HANDLE = [1]
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def _stream(device: int) -> int:
+    torch = _torch()
+    return int(torch.cuda.current_stream(device).cuda_stream)
+
+
+def validate_config(**config: Any) -> dict[str, Any]:
+    """Checks keyword arguments as a ``Config`` (raising :class:`InvalidCallError` with the
+    crate's text) and returns every field, defaults filled in."""
+    return dict(_native.validate_config(**config))
+
+
+def kernels_available() -> bool:
+    """Whether the CUDA kernels are compiled into this build (True in every wheel built with
+    nvcc)."""
+    return bool(_native.kernels_available())
+
+
+def _device_index(device: Any) -> int:
+    if isinstance(device, int):
+        return device
+    index = getattr(device, "index", None)
+    if index is None:
+        text = str(device)
+        if ":" in text:
+            return int(text.rsplit(":", 1)[1])
+        return int(_torch().cuda.current_device())
+    return int(index)
+
+
+class SymmAllReduce:
+    """One rank's all-reduce communicator over torch tensors.
+
+    ``SymmAllReduce(group, device, max_size)`` is a collective constructor over a
+    ``torch.distributed`` process group (a CPU/gloo group, as vLLM's and SGLang's custom
+    all-reduce take): setup bytes travel through the group, the memory handles over the
+    crate's local socket exchange. It never raises: a group that cannot run the peer
+    kernels (several hosts, no peer access, a world of one, no kernels in the build, a bad
+    configuration) comes up with ``disabled`` True and ``reason`` saying why, so a stack
+    falls through to NCCL. Every ``Config`` field is a keyword (``max_size`` is
+    ``capacity_bytes``).
+
+    Calls run on the current CUDA stream of ``device``; every rank makes the same calls in
+    the same order. Sums are fp32 in rank order: every rank gets the same bits.
+    """
+
+    disabled: bool
+    reason: str | None
+
+    def __init__(
+        self,
+        group: Any = None,
+        device: Any = None,
+        max_size: int = 8192 * 1024,
+        **config: Any,
+    ) -> None:
+        self.disabled = True
+        self.reason = None
+        self._native: Any | None = None
+        self._device = 0
+        self._rank = 0
+        self._world = 1
+        self.max_size = int(config.pop("capacity_bytes", max_size))
+        self.handle = 0
+        try:
+            self._setup(group, device, config)
+        except SymmAllReduceError as e:
+            self.reason = str(e)
+        except Exception as e:  # a broken group: the stack falls through, as for the rest
+            self.reason = f"setup failed: {type(e).__name__}: {e}"
+        if self._native is not None:
+            self._register()
+
+    def _setup(self, group: Any, device: Any, config: dict[str, Any]) -> None:
+        import torch.distributed as dist
+
+        self._rank = dist.get_rank(group)
+        self._world = dist.get_world_size(group)
+        self._device = _device_index(device if device is not None else _torch().cuda.current_device())
+
+        def gather(payload: Any) -> list[Any]:
+            out: list[Any] = [None] * self._world
+            dist.all_gather_object(out, payload, group=group)
+            return out
+
+        # Every rank's verdict first, so that all come up disabled together (a rank that
+        # refused alone would leave the others waiting in the setup's exchanges).
+        why: str | None = None
+        try:
+            validate_config(capacity_bytes=self.max_size, **config)
+        except SymmAllReduceError as e:
+            why = str(e)
+        if why is None and not kernels_available():
+            why = "the CUDA kernels are not in this build of symm_allreduce (built without nvcc)"
+        if why is None and self._world == 1:
+            why = "a group of one rank has nothing to reduce"
+        if why is None and self._world > _native.MAX_RANKS:
+            why = f"the group has {self._world} ranks; symm-allreduce takes at most {_native.MAX_RANKS}"
+        verdicts = gather((socket.gethostname(), why))
+        hosts = sorted({h for h, _ in verdicts})
+        if len(hosts) > 1:
+            self.reason = (
+                f"the group spans {len(hosts)} hosts ({', '.join(hosts)}): symm-allreduce is single-node; "
+                "use NCCL for this group"
+            )
+            return
+        for rank, (_, w) in enumerate(verdicts):
+            if w is not None:
+                self.reason = w if rank == self._rank else f"rank {rank}: {w}"
+                return
+        native = _native.from_gather(
+            self._rank, self._world, self._device, gather, capacity_bytes=self.max_size, **config
+        )
+        self._adopt(native)
+
+    def _adopt(self, native: Any) -> None:
+        self._native = native
+        self._rank = int(native.rank)
+        self._world = int(native.world_size)
+        self._device = int(native.device)
+        self.max_size = int(native.config()["capacity_bytes"])
+        self.disabled = not native.has_peer_kernels
+        self.reason = native.peer_kernels_unavailable
+
+    def _register(self) -> None:
+        self.handle = _NEXT_HANDLE[0]
+        _NEXT_HANDLE[0] += 1
+        _REGISTRY[self.handle] = self
+
+    @classmethod
+    def _wrap(cls, native: Any) -> SymmAllReduce:
+        self = cls.__new__(cls)
+        self.disabled = True
+        self.reason = None
+        self.max_size = 0
+        self.handle = 0
+        self._adopt(native)
+        self._register()
+        return self
+
+    # ---- properties ---------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        """This rank's index in the group."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks."""
+        return self._world
+
+    @property
+    def device(self) -> int:
+        """The CUDA device index this rank runs on."""
+        return self._device
+
+    def _live(self) -> Any:
+        if self._native is None:
+            from .errors import UnavailableError
+
+            e = UnavailableError(f"this communicator is disabled: {self.reason}")
+            e.kind = "Disabled"
+            raise e
+        return self._native
+
+    # ---- vLLM / SGLang surface ----------------------------------------------------------
+
+    def should_custom_ar(self, inp: TensorLike) -> bool:
+        """Whether :meth:`custom_all_reduce` takes ``inp``: enabled, a contiguous CUDA tensor of
+        this rank's device, a summable dtype, 1 to ``max_size`` bytes."""
+        if self.disabled or self._native is None:
+            return False
+        d = describe(inp)
+        if d[3] != "cuda" or d[4] != self._device or not d[5] or d[1] == 0:
+            return False
+        name = d[2].removeprefix("torch.")
+        if name not in REDUCE_DTYPES:
+            return False
+        return d[1] * int(_native.element_size(name)) <= self.max_size
+
+    def custom_all_reduce(self, input: torch.Tensor) -> torch.Tensor | None:
+        """The sum of ``input`` over the ranks in a new tensor, or ``None`` when this
+        communicator does not take it (the caller then falls through to NCCL)."""
+        if not self.should_custom_ar(input):
+            return None
+        return self.all_reduce(input)
+
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[None]:
+        """A context manager for a stack's graph-capture code. A no-op: nothing is registered
+        around capture (calls inside ``torch.cuda.graph`` are captured as they are)."""
+        yield
+
+    # ---- collectives --------------------------------------------------------------------
+
+    def all_reduce(
+        self, inp: torch.Tensor, out: torch.Tensor | None = None, *, algorithm: str = "auto"
+    ) -> torch.Tensor:
+        """``out ← Σ_ranks inp`` (a new tensor of ``inp``'s shape when ``out`` is None; ``out``
+        may be ``inp`` for an in-place sum, zero-copy when ``inp`` is an
+        :meth:`alloc_symmetric` tensor)."""
+        native = self._live()
+        if out is None:
+            out = _torch().empty(inp.shape, dtype=inp.dtype, device=inp.device)
+        native.all_reduce(describe(inp), describe(out), _stream(self._device), algorithm)
+        return out
+
+    def all_gather(self, inp: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Every rank's ``inp`` stacked rank-major: shape ``(world, *inp.shape)`` by default
+        (any tensor of ``world · inp.numel()`` elements as ``out``)."""
+        native = self._live()
+        if out is None:
+            out = _torch().empty((self._world, *inp.shape), dtype=inp.dtype, device=inp.device)
+        native.all_gather(describe(inp), describe(out), _stream(self._device))
+        return out
+
+    def all_gather_v(
+        self, inp: torch.Tensor, sizes: Sequence[int], out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Rank q's ``sizes[q]`` rows (along dim 0) concatenated in rank order: shape
+        ``(sum(sizes), *inp.shape[1:])``. ``sizes`` is the same on every rank and
+        ``sizes[rank] == inp.shape[0]``."""
+        native = self._live()
+        row = 1
+        for d in inp.shape[1:]:
+            row *= int(d)
+        if out is None:
+            out = _torch().empty((sum(sizes), *inp.shape[1:]), dtype=inp.dtype, device=inp.device)
+        counts = [int(s) * row for s in sizes]
+        native.all_gather_v(describe(inp), counts, describe(out), _stream(self._device))
+        return out
+
+    def reduce_scatter(
+        self, inp: torch.Tensor, out: torch.Tensor | None = None, *, algorithm: str = "auto"
+    ) -> torch.Tensor:
+        """This rank's slice of ``Σ_ranks inp``: ``inp`` split along dim 0 into ``world``
+        equal parts (flat when dim 0 does not divide), part ``rank`` of the sum."""
+        native = self._live()
+        if out is None:
+            shape: tuple[int, ...]
+            if inp.dim() > 0 and inp.shape[0] % self._world == 0:
+                shape = (inp.shape[0] // self._world, *inp.shape[1:])
+            else:
+                shape = (inp.numel() // self._world,)
+            out = _torch().empty(shape, dtype=inp.dtype, device=inp.device)
+        native.reduce_scatter(describe(inp), describe(out), _stream(self._device), algorithm)
+        return out
+
+    def fused_add_rmsnorm(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float = 1e-6,
+        out: torch.Tensor | None = None,
+        *,
+        algorithm: str = "auto",
+    ) -> torch.Tensor:
+        """All-reduce + residual add + RMSNorm in one kernel over ``[tokens, hidden]`` rows:
+        ``residual ← residual + Σ_ranks x`` (in place) and the result
+        ``RMSNorm(residual) · weight`` (returned; ``out`` if given). Bit-identical to
+        :meth:`all_reduce` followed by the same epilogue."""
+        native = self._live()
+        if out is None:
+            out = _torch().empty(x.shape, dtype=x.dtype, device=x.device)
+        native.all_reduce_add_rmsnorm(
+            describe(x),
+            describe(residual),
+            describe(weight),
+            float(eps),
+            describe(out),
+            _stream(self._device),
+            algorithm,
+        )
+        return out
+
+    def alloc_symmetric(self, shape: int | Sequence[int], dtype: Any) -> torch.Tensor:
+        """A tensor over this communicator's symmetric pool (``pool_bytes``): ``all_reduce(t,
+        t)`` on it is zero-copy. Collective: every rank allocates (and frees, by dropping the
+        tensors) in the same order with the same shapes."""
+        native = self._live()
+        dims = [int(shape)] if isinstance(shape, int) else [int(s) for s in shape]
+        capsule = native.alloc_symmetric(dims, str(dtype))
+        return _torch().utils.dlpack.from_dlpack(capsule)
+
+    # ---- introspection and lifetime -----------------------------------------------------
+
+    def describe(self) -> str:
+        """The crate's setup report (topology, paths per size), or why it is disabled."""
+        if self._native is None:
+            return f"symm_allreduce: disabled: {self.reason}"
+        text = str(self._native.describe())
+        if self.disabled:
+            text = f"symm_allreduce: disabled: {self.reason}\n{text}"
+        return text
+
+    def path(self, nbytes: int, dtype: Any, algorithm: str = "auto") -> str:
+        """Where an all-reduce of ``nbytes`` bytes of ``dtype`` goes (low-latency, one-shot,
+        two-shot) and why."""
+        return str(self._live().path(int(nbytes), str(dtype), algorithm))
+
+    def config(self) -> dict[str, Any]:
+        """Every ``Config`` field as the communicator uses it."""
+        return dict(self._live().config())
+
+    def synchronize(self) -> None:
+        """Waits for this rank's calls on the current stream and raises a peer timeout (or a
+        kernel fault) they hit."""
+        self._live().synchronize(_stream(self._device))
+
+    def check_usable(self) -> None:
+        """Raises the error that made the communicator unusable, if any."""
+        self._live().check_usable()
+
+    def close(self) -> None:
+        """Releases the workspace (collective in a process group: every rank calls it).
+        Idempotent; pool tensors keep the memory mapped until they are freed."""
+        _REGISTRY.pop(self.handle, None)
+        if self._native is not None:
+            self._native.close()
+        self.disabled = True
+        self.reason = self.reason or "closed"
+
+    def __repr__(self) -> str:
+        state = f"disabled: {self.reason}" if self.disabled else f"max_size={self.max_size}"
+        return f"SymmAllReduce(rank={self._rank}, world={self._world}, device={self._device}, {state})"
+
+
+def local_group(world: int, device: Any = 0, **config: Any) -> list[SymmAllReduce]:
+    """``world`` virtual ranks on one GPU in this process (tests, notebooks): element r is rank
+    r. Each rank must run on its own stream (the ranks' kernels wait for each other on the
+    device); ``with torch.cuda.stream(s[r]): comms[r].all_reduce(...)``. Raises (unlike the
+    group constructor) when setup fails."""
+    natives = _native.local_group(int(world), _device_index(device), **config)
+    return [SymmAllReduce._wrap(n) for n in natives]
+
+
+def lookup(handle: int) -> SymmAllReduce:
+    """The live communicator with this ``handle`` (for the torch.library ops)."""
+    try:
+        return _REGISTRY[handle]
+    except KeyError:
+        from .errors import InvalidCallError
+
+        e = InvalidCallError(f"no live symm_allreduce communicator has handle {handle}")
+        e.kind = "InvalidCall"
+        raise e from None

@@ -1,0 +1,647 @@
+//! `symm_allreduce._native`: the Rust half of the `symm_allreduce` Python package.
+//!
+//! The pure-Python layer (`pysrc/symm_allreduce`) turns torch tensors into plain descriptors
+//! (address, element count, dtype name, device, contiguity) and the current CUDA stream into
+//! an integer; this module validates every one of them (the device of the stream and of the
+//! memory is asked of the driver, not trusted) and calls the crate's public API. No libtorch
+//! is linked. Every crate [`Error`] becomes an exception of `symm_allreduce.errors`, with the
+//! crate's own message (`errors::raise`).
+
+mod dlpack;
+mod errors;
+mod tensor;
+
+use std::cell::RefCell;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+use symm_allreduce::cudarc::driver::{CudaContext, CudaStream};
+use symm_allreduce::{Algorithm, Bootstrap, Communicator, Config, DType, Error, Multicast};
+
+use errors::{invalid_call, raise};
+use tensor::{Kind, Raw, TensorArg};
+
+/// Runs `$body` with `$T` bound to the Rust element type of a reduction dtype.
+macro_rules! with_element {
+    ($kind:expr, $T:ident => $body:expr) => {
+        match $kind {
+            Kind::F32 => {
+                type $T = f32;
+                $body
+            }
+            Kind::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            Kind::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            other => Err(invalid_call(format!(
+                "dtype {} cannot be summed: the reductions take float32, float16 and bfloat16 \
+                 (uint8 and int8 only move through all_gather and all_gather_v)",
+                other.torch_name()
+            ))),
+        }
+    };
+}
+
+/// Runs `$body` with `$T` bound to the Rust element type of a gatherable dtype.
+macro_rules! with_gatherable {
+    ($kind:expr, $T:ident => $body:expr) => {
+        match $kind {
+            Kind::F32 => {
+                type $T = f32;
+                $body
+            }
+            Kind::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            Kind::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            Kind::U8 => {
+                type $T = u8;
+                $body
+            }
+            Kind::I8 => {
+                type $T = i8;
+                $body
+            }
+        }
+    };
+}
+
+/// The names of every `Config` field, as keyword arguments.
+const CONFIG_KEYS: [&str; 14] = [
+    "capacity_bytes",
+    "algorithm",
+    "one_shot_max_bytes",
+    "max_blocks_per_rank",
+    "low_latency_max_bytes",
+    "timeout",
+    "nccl_above_bytes",
+    "peer_kernels",
+    "pdl",
+    "check_divergence",
+    "tuning",
+    "multicast",
+    "reproducible",
+    "pool_bytes",
+];
+
+fn parse_algorithm(name: &str) -> PyResult<Algorithm> {
+    name.parse::<Algorithm>().map_err(invalid_call)
+}
+
+fn parse_multicast(name: &str) -> PyResult<Multicast> {
+    match name {
+        "off" => Ok(Multicast::Off),
+        "auto" => Ok(Multicast::Auto),
+        "required" => Ok(Multicast::Required),
+        _ => Err(invalid_call(format!(
+            "unknown multicast setting {name:?}: expected off, auto or required"
+        ))),
+    }
+}
+
+/// A `Config` from keyword arguments (`None` values keep the default; `timeout` in seconds;
+/// `tuning` a file path), validated by the crate.
+fn parse_config(options: Option<&Bound<'_, PyDict>>) -> PyResult<Config> {
+    let mut c = Config::default();
+    let Some(options) = options else {
+        c.validate().map_err(raise)?;
+        return Ok(c);
+    };
+    for (key, value) in options.iter() {
+        let key: String = key.extract()?;
+        if value.is_none() && !matches!(key.as_str(), "one_shot_max_bytes" | "nccl_above_bytes") {
+            continue;
+        }
+        let bad = |e: PyErr| invalid_call(format!("config keyword {key}: {e}"));
+        match key.as_str() {
+            "capacity_bytes" => c.capacity_bytes = value.extract().map_err(bad)?,
+            "algorithm" => c.algorithm = parse_algorithm(&value.extract::<String>().map_err(bad)?)?,
+            "one_shot_max_bytes" => c.one_shot_max_bytes = value.extract().map_err(bad)?,
+            "max_blocks_per_rank" => c.max_blocks_per_rank = value.extract().map_err(bad)?,
+            "low_latency_max_bytes" => c.low_latency_max_bytes = value.extract().map_err(bad)?,
+            "timeout" => {
+                let seconds: f64 = value.extract().map_err(bad)?;
+                c.timeout = Duration::try_from_secs_f64(seconds).map_err(|e| {
+                    invalid_call(format!(
+                        "config keyword timeout: {seconds} s is not a duration ({e})"
+                    ))
+                })?;
+            }
+            "nccl_above_bytes" => c.nccl_above_bytes = value.extract().map_err(bad)?,
+            "peer_kernels" => c.peer_kernels = value.extract().map_err(bad)?,
+            "pdl" => c.pdl = value.extract().map_err(bad)?,
+            "check_divergence" => c.check_divergence = value.extract().map_err(bad)?,
+            "tuning" => {
+                let path: std::path::PathBuf = value.extract().map_err(bad)?;
+                c = c.with_tuning_file(path).map_err(raise)?;
+            }
+            "multicast" => c.multicast = parse_multicast(&value.extract::<String>().map_err(bad)?)?,
+            "reproducible" => c.reproducible = value.extract().map_err(bad)?,
+            "pool_bytes" => c.pool_bytes = value.extract().map_err(bad)?,
+            _ => {
+                return Err(invalid_call(format!(
+                    "unknown config keyword {key:?}: expected one of {}",
+                    CONFIG_KEYS.join(", ")
+                )))
+            }
+        }
+    }
+    c.validate().map_err(raise)?;
+    Ok(c)
+}
+
+/// The fields of a `Config` as a dict (the tuning table by its origin).
+fn config_dict<'py>(py: Python<'py>, c: &Config) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("capacity_bytes", c.capacity_bytes)?;
+    d.set_item("algorithm", c.algorithm.name())?;
+    d.set_item("one_shot_max_bytes", c.one_shot_max_bytes)?;
+    d.set_item("max_blocks_per_rank", c.max_blocks_per_rank)?;
+    d.set_item("low_latency_max_bytes", c.low_latency_max_bytes)?;
+    d.set_item("timeout", c.timeout.as_secs_f64())?;
+    d.set_item("nccl_above_bytes", c.nccl_above_bytes)?;
+    d.set_item("peer_kernels", c.peer_kernels)?;
+    d.set_item("pdl", c.pdl)?;
+    d.set_item("check_divergence", c.check_divergence)?;
+    let tuning = c.tuning.as_ref().map(|t| {
+        t.origin()
+            .map_or_else(|| "given in memory".to_string(), |p| p.display().to_string())
+    });
+    d.set_item("tuning", tuning)?;
+    d.set_item("multicast", c.multicast.name())?;
+    d.set_item("reproducible", c.reproducible)?;
+    d.set_item("pool_bytes", c.pool_bytes)?;
+    Ok(d)
+}
+
+/// Validates keyword arguments as a `Config` and returns every field (defaults filled in).
+#[pyfunction]
+#[pyo3(signature = (**options))]
+fn validate_config<'py>(
+    py: Python<'py>,
+    options: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    config_dict(py, &parse_config(options)?)
+}
+
+/// Whether the CUDA kernels were compiled into this build.
+#[pyfunction]
+fn kernels_available() -> bool {
+    symm_allreduce::kernels_available()
+}
+
+/// Number of visible CUDA devices (raises `UnavailableError` without a driver).
+#[pyfunction]
+fn device_count() -> PyResult<usize> {
+    symm_allreduce::device_count().map_err(raise)
+}
+
+/// A bootstrap whose byte exchange is a Python callable (`gather(bytes) -> list[bytes]`,
+/// one entry per rank): `symm_allreduce` passes one that all-gathers through a
+/// `torch.distributed` CPU group. Descriptors travel over the crate's default exchange
+/// (per-rank abstract Unix sockets whose names and tokens go through `gather`).
+struct PyBootstrap {
+    rank: usize,
+    world: usize,
+    gather: Py<PyAny>,
+    timeout: Duration,
+}
+
+impl Bootstrap for PyBootstrap {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world(&self) -> usize {
+        self.world
+    }
+
+    fn all_gather(&self, bytes: &[u8]) -> symm_allreduce::Result<Vec<Vec<u8>>> {
+        Python::attach(|py| {
+            let failed = |e: PyErr| Error::Bootstrap {
+                reason: format!("the group's all-gather (a Python callable) failed: {e}"),
+            };
+            let out = self
+                .gather
+                .call1(py, (PyBytes::new(py, bytes),))
+                .map_err(failed)?;
+            let parts: Vec<Bound<'_, PyBytes>> = out.extract(py).map_err(failed)?;
+            if parts.len() != self.world {
+                return Err(Error::Bootstrap {
+                    reason: format!(
+                        "the group's all-gather returned {} entries, the world is {}",
+                        parts.len(),
+                        self.world
+                    ),
+                });
+            }
+            Ok(parts.iter().map(|p| p.as_bytes().to_vec()).collect())
+        })
+    }
+
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+}
+
+/// One rank of a group: the crate's `Communicator` plus its device context. Not shareable
+/// between threads (the communicator drives one rank from one thread at a time).
+#[pyclass(unsendable, module = "symm_allreduce._native", name = "Communicator")]
+struct PyCommunicator {
+    comm: Option<Communicator>,
+    ctx: Arc<CudaContext>,
+    /// The bootstrap of a process group, for the collective close.
+    bootstrap: Option<PyBootstrap>,
+    /// The last stream handle seen and its wrapper (no allocation while it stays the same).
+    stream: RefCell<Option<(usize, Arc<CudaStream>)>>,
+}
+
+impl PyCommunicator {
+    fn new(comm: Communicator, bootstrap: Option<PyBootstrap>) -> PyResult<PyCommunicator> {
+        let ctx = symm_allreduce::context(comm.device()).map_err(raise)?;
+        Ok(PyCommunicator {
+            comm: Some(comm),
+            ctx,
+            bootstrap,
+            stream: RefCell::new(None),
+        })
+    }
+
+    fn comm(&self) -> PyResult<&Communicator> {
+        self.comm
+            .as_ref()
+            .ok_or_else(|| invalid_call("this communicator was closed: create a new one".to_string()))
+    }
+
+    /// The caller's stream, checked to belong to this rank's device.
+    fn stream(&self, handle: usize) -> PyResult<Arc<CudaStream>> {
+        if let Some((h, s)) = self.stream.borrow().as_ref() {
+            if *h == handle {
+                tensor::check_stream(&self.ctx, handle).map_err(raise)?;
+                return Ok(s.clone());
+            }
+        }
+        tensor::check_stream(&self.ctx, handle).map_err(raise)?;
+        // SAFETY: the handle is a stream of this context (checked above); the caller (torch)
+        // keeps it alive for the call, and the wrapper is only used by this communicator's
+        // calls on that stream, which the caller orders with its own work as any launch on
+        // its current stream is.
+        let s = unsafe { self.ctx.wrap_borrowed_stream(handle as _) };
+        *self.stream.borrow_mut() = Some((handle, s.clone()));
+        Ok(s)
+    }
+
+    fn raw<T>(&self, arg: &TensorArg, what: &'static str, stream: &Arc<CudaStream>) -> PyResult<Raw<T>> {
+        let comm = self.comm()?;
+        tensor::check(arg, what, comm.device())?;
+        Ok(Raw::new(arg.0, arg.1, stream.clone()))
+    }
+}
+
+#[pymethods]
+impl PyCommunicator {
+    /// This rank's index.
+    #[getter]
+    fn rank(&self) -> PyResult<usize> {
+        Ok(self.comm()?.rank())
+    }
+
+    /// Number of ranks.
+    #[getter]
+    fn world_size(&self) -> PyResult<usize> {
+        Ok(self.comm()?.world_size())
+    }
+
+    /// The CUDA device index of this rank.
+    #[getter]
+    fn device(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
+    /// Whether the peer kernels are set up.
+    #[getter]
+    fn has_peer_kernels(&self) -> PyResult<bool> {
+        Ok(self.comm()?.has_peer_kernels())
+    }
+
+    /// Why the peer kernels are not set up (None when they are).
+    #[getter]
+    fn peer_kernels_unavailable(&self) -> PyResult<Option<String>> {
+        Ok(self.comm()?.peer_kernels_unavailable().map(str::to_string))
+    }
+
+    /// Whether the communicator has been closed.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.comm.is_none()
+    }
+
+    /// The configuration, every field.
+    fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        config_dict(py, self.comm()?.config())
+    }
+
+    /// The crate's setup report.
+    fn describe(&self) -> PyResult<String> {
+        Ok(self.comm()?.describe())
+    }
+
+    /// Where an all-reduce of `nbytes` bytes of `dtype` goes, and why.
+    #[pyo3(signature = (nbytes, dtype, algorithm = "auto"))]
+    fn path(&self, nbytes: usize, dtype: &str, algorithm: &str) -> PyResult<String> {
+        let kind = Kind::parse(dtype)?;
+        let dtype = kind.element()?;
+        if nbytes % dtype.size() != 0 {
+            return Err(invalid_call(format!(
+                "{nbytes} bytes is not a whole number of {} elements ({} bytes each)",
+                kind.torch_name(),
+                dtype.size()
+            )));
+        }
+        let algorithm = parse_algorithm(algorithm)?;
+        let decision = self
+            .comm()?
+            .path(nbytes / dtype.size(), dtype, algorithm)
+            .map_err(raise)?;
+        Ok(decision.to_string())
+    }
+
+    /// Raises the error that made the communicator unusable, if any.
+    fn check_usable(&self) -> PyResult<()> {
+        self.comm()?.check_usable().map_err(raise)
+    }
+
+    /// Waits for this rank's calls on `stream` and reports a peer timeout or kernel fault.
+    fn synchronize(&self, stream: usize) -> PyResult<()> {
+        let s = self.stream(stream)?;
+        // Holds the GIL while it waits: the communicator is not `Sync`, so no other thread
+        // may see it meanwhile.
+        self.comm()?.synchronize(&s).map_err(raise)
+    }
+
+    /// `output ← Σ_ranks input` (both `(ptr, numel, dtype, device_type, device_index,
+    /// contiguous)` descriptors); `output` may be `input` (in place).
+    #[pyo3(signature = (input, output, stream, algorithm = "auto"))]
+    fn all_reduce(
+        &self,
+        input: TensorArg,
+        output: TensorArg,
+        stream: usize,
+        algorithm: &str,
+    ) -> PyResult<()> {
+        let algorithm = parse_algorithm(algorithm)?;
+        let kind = tensor::same_dtype(&[(&input, "input"), (&output, "output")])?;
+        let s = self.stream(stream)?;
+        let comm = self.comm()?;
+        with_element!(kind, T => {
+            if input.0 == output.0 && input.1 == output.1 {
+                let mut buf = self.raw::<T>(&output, "output", &s)?;
+                comm.all_reduce_in_place(&mut buf, &s, algorithm).map_err(raise)
+            } else {
+                let inp = self.raw::<T>(&input, "input", &s)?;
+                let mut out = self.raw::<T>(&output, "output", &s)?;
+                comm.all_reduce_with(&inp, &mut out, &s, algorithm).map_err(raise)
+            }
+        })
+    }
+
+    /// Gathers every rank's `input` into `output`, rank-major.
+    fn all_gather(&self, input: TensorArg, output: TensorArg, stream: usize) -> PyResult<()> {
+        let kind = tensor::same_dtype(&[(&input, "input"), (&output, "output")])?;
+        let s = self.stream(stream)?;
+        let comm = self.comm()?;
+        with_gatherable!(kind, T => {
+            let inp = self.raw::<T>(&input, "input", &s)?;
+            let mut out = self.raw::<T>(&output, "output", &s)?;
+            comm.all_gather(&inp, &mut out, &s).map_err(raise)
+        })
+    }
+
+    /// Gathers `counts[q]` elements of every rank q into `output`, rank-major.
+    fn all_gather_v(
+        &self,
+        input: TensorArg,
+        counts: Vec<usize>,
+        output: TensorArg,
+        stream: usize,
+    ) -> PyResult<()> {
+        let kind = tensor::same_dtype(&[(&input, "input"), (&output, "output")])?;
+        let s = self.stream(stream)?;
+        let comm = self.comm()?;
+        with_gatherable!(kind, T => {
+            let inp = self.raw::<T>(&input, "input", &s)?;
+            let mut out = self.raw::<T>(&output, "output", &s)?;
+            comm.all_gather_v(&inp, &counts, &mut out, &s).map_err(raise)
+        })
+    }
+
+    /// Sums `input` (`world · len` elements) and leaves this rank's slice in `output`.
+    #[pyo3(signature = (input, output, stream, algorithm = "auto"))]
+    fn reduce_scatter(
+        &self,
+        input: TensorArg,
+        output: TensorArg,
+        stream: usize,
+        algorithm: &str,
+    ) -> PyResult<()> {
+        let algorithm = parse_algorithm(algorithm)?;
+        let kind = tensor::same_dtype(&[(&input, "input"), (&output, "output")])?;
+        let s = self.stream(stream)?;
+        let comm = self.comm()?;
+        with_element!(kind, T => {
+            let inp = self.raw::<T>(&input, "input", &s)?;
+            let mut out = self.raw::<T>(&output, "output", &s)?;
+            comm.reduce_scatter_with(&inp, &mut out, &s, algorithm).map_err(raise)
+        })
+    }
+
+    /// `residual ← residual + Σ_ranks input`, `norm_out ← RMSNorm(residual) · weight`.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (input, residual, weight, eps, norm_out, stream, algorithm = "auto"))]
+    fn all_reduce_add_rmsnorm(
+        &self,
+        input: TensorArg,
+        residual: TensorArg,
+        weight: TensorArg,
+        eps: f32,
+        norm_out: TensorArg,
+        stream: usize,
+        algorithm: &str,
+    ) -> PyResult<()> {
+        let algorithm = parse_algorithm(algorithm)?;
+        let kind = tensor::same_dtype(&[
+            (&input, "input"),
+            (&residual, "residual"),
+            (&weight, "weight"),
+            (&norm_out, "norm_out"),
+        ])?;
+        let s = self.stream(stream)?;
+        let comm = self.comm()?;
+        with_element!(kind, T => {
+            let inp = self.raw::<T>(&input, "input", &s)?;
+            let mut res = self.raw::<T>(&residual, "residual", &s)?;
+            let w = self.raw::<T>(&weight, "weight", &s)?;
+            let mut out = self.raw::<T>(&norm_out, "norm_out", &s)?;
+            comm.all_reduce_add_rmsnorm_with(&inp, &mut res, &w, eps, &mut out, &s, algorithm)
+                .map_err(raise)
+        })
+    }
+
+    /// A buffer of `shape` elements of `dtype` in the symmetric pool, as a DLPack capsule
+    /// (`torch.from_dlpack` makes it a tensor). Collective: every rank makes the same
+    /// sequence of allocations and frees.
+    fn alloc_symmetric<'py>(
+        &self,
+        py: Python<'py>,
+        shape: Vec<i64>,
+        dtype: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let kind = Kind::parse(dtype)?;
+        let comm = self.comm()?;
+        let len = dlpack::element_count(&shape)?;
+        // The buffer's own stream is only its device's tag: the NULL stream wrapper, which
+        // nothing is launched on and which never dangles.
+        let s = self.ctx.default_stream();
+        with_element!(kind, T => {
+            let t = comm.alloc_symmetric::<T>(len, &s).map_err(raise)?;
+            dlpack::capsule(py, t, shape, kind, self.ctx.ordinal())
+        })
+    }
+
+    /// Bytes of the symmetric pool still free, and the largest free region.
+    fn pool_free(&self) -> PyResult<(usize, usize)> {
+        Ok(self.comm()?.pool_free())
+    }
+
+    /// Waits for the last call, then (in a process group) votes with every rank before the
+    /// workspace is unmapped; a virtual-rank group just releases it. Idempotent.
+    fn close(&mut self, py: Python<'_>) -> PyResult<()> {
+        let Some(comm) = self.comm.take() else {
+            return Ok(());
+        };
+        self.stream.borrow_mut().take();
+        match &self.bootstrap {
+            Some(b) => comm.close(b).map_err(raise),
+            None => {
+                py.detach(move || drop(comm));
+                Ok(())
+            }
+        }
+    }
+}
+
+/// `world` virtual ranks on one device in this process (each with its own mapping of every
+/// peer's memory); every `Config` field as a keyword.
+#[pyfunction]
+#[pyo3(signature = (world, device, **options))]
+fn local_group(
+    py: Python<'_>,
+    world: usize,
+    device: usize,
+    options: Option<&Bound<'_, PyDict>>,
+) -> PyResult<Vec<Py<PyCommunicator>>> {
+    let config = parse_config(options)?;
+    symm_allreduce::validate_world(world).map_err(raise)?;
+    let comms = py
+        .detach(|| {
+            let ctx = symm_allreduce::context(device)?;
+            let contexts = vec![ctx; world];
+            Communicator::local_group(&contexts, config)
+        })
+        .map_err(raise)?;
+    comms
+        .into_iter()
+        .map(|c| Py::new(py, PyCommunicator::new(c, None)?))
+        .collect()
+}
+
+/// One rank of a process group whose bytes travel through `gather(bytes) -> list[bytes]`
+/// (collective: every rank calls it with the same configuration).
+#[pyfunction]
+#[pyo3(signature = (rank, world, device, gather, timeout = 30.0, **options))]
+fn from_gather(
+    rank: usize,
+    world: usize,
+    device: usize,
+    gather: Py<PyAny>,
+    timeout: f64,
+    options: Option<&Bound<'_, PyDict>>,
+) -> PyResult<PyCommunicator> {
+    let config = parse_config(options)?;
+    symm_allreduce::validate_world(world).map_err(raise)?;
+    if rank >= world {
+        return Err(raise(Error::InvalidWorldSize {
+            world,
+            reason: format!("rank {rank} is not below the world size"),
+        }));
+    }
+    let timeout = Duration::try_from_secs_f64(timeout)
+        .map_err(|e| invalid_call(format!("bootstrap timeout {timeout} s is not a duration ({e})")))?;
+    let bootstrap = PyBootstrap {
+        rank,
+        world,
+        gather,
+        timeout,
+    };
+    let ctx = symm_allreduce::context(device).map_err(raise)?;
+    let comm = Communicator::new(&bootstrap, ctx, config).map_err(raise)?;
+    PyCommunicator::new(comm, Some(bootstrap))
+}
+
+/// An example of a crate error of the named kind (`PeerTimeout`, `Diverged`, `LengthMismatch`,
+/// ...) raised as Python sees it: for testing the exception mapping without a GPU.
+#[pyfunction]
+fn _raise_example(kind: &str) -> PyResult<()> {
+    Err(raise(errors::example(kind)?))
+}
+
+/// Element size in bytes of a dtype name, or an `InvalidCallError` naming the supported ones.
+#[pyfunction]
+fn element_size(dtype: &str) -> PyResult<usize> {
+    Ok(Kind::parse(dtype)?.size())
+}
+
+/// Validates a tensor descriptor for a rank on `device` without a GPU call where the
+/// descriptor alone is wrong (CPU tensor, non-contiguous, unsupported dtype, another device).
+#[pyfunction]
+fn check_tensor(desc: TensorArg, device: usize) -> PyResult<()> {
+    tensor::check_descriptor(&desc, "input", device)
+}
+
+/// The names of the dtypes the reductions take, and those the gathers also move.
+#[pyfunction]
+fn dtypes() -> (Vec<&'static str>, Vec<&'static str>) {
+    let reduce = DType::ALL
+        .iter()
+        .map(|d| Kind::from_dtype(*d).torch_name())
+        .collect();
+    (reduce, Kind::ALL.iter().map(|k| k.torch_name()).collect())
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", symm_allreduce::VERSION)?;
+    m.add("MAX_RANKS", symm_allreduce::MAX_RANKS)?;
+    m.add("CONFIG_KEYS", CONFIG_KEYS.to_vec())?;
+    m.add_class::<PyCommunicator>()?;
+    m.add_function(wrap_pyfunction!(kernels_available, m)?)?;
+    m.add_function(wrap_pyfunction!(device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(validate_config, m)?)?;
+    m.add_function(wrap_pyfunction!(local_group, m)?)?;
+    m.add_function(wrap_pyfunction!(from_gather, m)?)?;
+    m.add_function(wrap_pyfunction!(_raise_example, m)?)?;
+    m.add_function(wrap_pyfunction!(element_size, m)?)?;
+    m.add_function(wrap_pyfunction!(check_tensor, m)?)?;
+    m.add_function(wrap_pyfunction!(dtypes, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,276 @@
+"""Tests that need neither a GPU nor torch: import, kernels embedded, config validation,
+the exception mapping, duck-typed tensor descriptors, and a disabled group's fall-through."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import symm_allreduce as sar
+from symm_allreduce import _native
+from symm_allreduce._tensor import describe
+
+
+def test_import_and_version():
+    assert sar.__version__ == "0.1.0"
+    assert sar.MAX_RANKS == 8
+    assert set(sar.REDUCE_DTYPES) == {"float32", "float16", "bfloat16"}
+    assert set(sar.GATHER_DTYPES) == set(sar.REDUCE_DTYPES) | {"uint8", "int8"}
+
+
+@pytest.mark.skipif(
+    os.environ.get("SYMM_ALLREDUCE_REQUIRE_KERNELS") != "1",
+    reason="only a wheel built with SYMM_ALLREDUCE_REQUIRE_KERNELS=1 must have the kernels",
+)
+def test_kernels_embedded():
+    assert sar.kernels_available()
+
+
+def test_config_defaults_and_every_field():
+    c = sar.validate_config()
+    assert set(c) == set(sar.CONFIG_KEYS)
+    assert c["capacity_bytes"] == 64 << 20
+    assert c["algorithm"] == "auto" and c["multicast"] == "off"
+    assert c["timeout"] == 10.0 and c["reproducible"] is True
+    given = dict(
+        capacity_bytes=1 << 20,
+        algorithm="two_shot",
+        one_shot_max_bytes=4096,
+        max_blocks_per_rank=16,
+        low_latency_max_bytes=0,
+        timeout=2.5,
+        nccl_above_bytes=1 << 19,
+        peer_kernels=True,
+        pdl=False,
+        check_divergence=True,
+        multicast="auto",
+        reproducible=False,
+        pool_bytes=0,
+    )
+    c = sar.validate_config(**given)
+    for k, v in given.items():
+        assert c[k] == v, k
+
+
+def test_algorithm_aliases():
+    assert sar.validate_config(algorithm="ll")["algorithm"] == "low_latency"
+    assert sar.validate_config(algorithm="oneshot")["algorithm"] == "one_shot"
+
+
+@pytest.mark.parametrize(
+    ("kw", "text"),
+    [
+        ({"max_blocks_per_rank": 0}, "max_blocks_per_rank must be in 1..=64, got 0"),
+        ({"max_blocks_per_rank": 65}, "max_blocks_per_rank"),
+        ({"timeout": 0.0}, "timeout must be in (0, 1 h]"),
+        ({"timeout": 7200}, "timeout must be in (0, 1 h]"),
+        ({"timeout": -1.0}, "timeout"),
+        ({"algorithm": "fastest"}, "unknown algorithm"),
+        ({"multicast": "yes"}, "unknown multicast setting"),
+        ({"capacity": 1}, "unknown config keyword"),
+        ({"capacity_bytes": "big"}, "config keyword capacity_bytes"),
+        ({"multicast": "required", "peer_kernels": False}, "peer_kernels is false"),
+        ({"tuning": "/nonexistent/tuning.json"}, "/nonexistent/tuning.json"),
+    ],
+)
+def test_config_refused_with_the_crates_text(kw, text):
+    with pytest.raises(sar.InvalidCallError) as e:
+        sar.validate_config(**kw)
+    assert text in str(e.value)
+    assert isinstance(e.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("kind", "cls", "text"),
+    [
+        ("PeerTimeout", sar.PeerTimeoutError, "waited more than 2s for rank 1"),
+        ("Poisoned", sar.PeerTimeoutError, "unusable after an earlier failure"),
+        ("Diverged", sar.DivergedError, "every rank must make the same calls"),
+        ("CountsMismatch", sar.DivergedError, "counts differ"),
+        ("LengthMismatch", sar.InvalidCallError, "they must be equal"),
+        ("Empty", sar.InvalidCallError, "pass at least one element"),
+        ("ExceedsCapacity", sar.InvalidCallError, "raise Config::capacity_bytes"),
+        ("Misaligned", sar.InvalidCallError, "not aligned"),
+        ("WrongDevice", sar.InvalidCallError, "on device 1 but this rank runs on device 0"),
+        ("NoDevice", sar.UnavailableError, "CUDA_VISIBLE_DEVICES"),
+        ("KernelsUnavailable", sar.UnavailableError, "install-nvcc"),
+        ("DriverUnavailable", sar.UnavailableError, "install the NVIDIA driver"),
+        ("KernelFault", sar.SymmAllReduceError, "every rank must run the same build"),
+        ("Bootstrap", sar.SymmAllReduceError, "bootstrap failed"),
+    ],
+)
+def test_error_mapping(kind, cls, text):
+    with pytest.raises(sar.SymmAllReduceError) as e:
+        _native._raise_example(kind)
+    assert type(e.value) is cls
+    assert e.value.kind == kind
+    assert text in str(e.value)
+
+
+def test_error_hierarchy():
+    assert issubclass(sar.PeerTimeoutError, TimeoutError)
+    assert issubclass(sar.InvalidCallError, ValueError)
+    assert issubclass(sar.UnavailableError, RuntimeError)
+    for c in (sar.PeerTimeoutError, sar.DivergedError, sar.InvalidCallError, sar.UnavailableError):
+        assert issubclass(c, sar.SymmAllReduceError)
+    # The base class is not any of the handled kinds.
+    assert not issubclass(sar.SymmAllReduceError, (ValueError, TimeoutError, RuntimeError))
+
+
+class _Device:
+    def __init__(self, type_: str, index: int | None) -> None:
+        self.type = type_
+        self.index = index
+
+
+class FakeTensor:
+    """A duck-typed tensor: the five things the package reads."""
+
+    def __init__(
+        self, ptr=0x7F00_0000_0000, numel=1024, dtype="torch.float16", device=("cuda", 0), contiguous=True
+    ):
+        self._ptr, self._numel, self.dtype = ptr, numel, dtype
+        self.device = _Device(*device)
+        self._contiguous = contiguous
+
+    def data_ptr(self):
+        return self._ptr
+
+    def numel(self):
+        return self._numel
+
+    def is_contiguous(self):
+        return self._contiguous
+
+
+def test_duck_typed_descriptor():
+    t = FakeTensor()
+    assert describe(t) == (0x7F00_0000_0000, 1024, "torch.float16", "cuda", 0, True)
+    assert describe(FakeTensor(device=("cuda", None)))[4] == -1
+    _native.check_tensor(describe(t), 0)
+
+
+@pytest.mark.parametrize(
+    ("tensor", "cls", "text"),
+    [
+        (FakeTensor(device=("cpu", None)), sar.InvalidCallError, "is a cpu tensor"),
+        (FakeTensor(device=("cuda", 1)), sar.InvalidCallError, "on device 1 but this rank runs on device 0"),
+        (FakeTensor(contiguous=False), sar.InvalidCallError, "not contiguous"),
+        (FakeTensor(dtype="torch.float64"), sar.InvalidCallError, "unsupported dtype torch.float64"),
+        (FakeTensor(dtype="torch.int32"), sar.InvalidCallError, "unsupported dtype"),
+    ],
+)
+def test_descriptor_refusals(tensor, cls, text):
+    with pytest.raises(cls) as e:
+        _native.check_tensor(describe(tensor), 0)
+    assert text in str(e.value)
+
+
+def test_element_sizes():
+    assert [_native.element_size(n) for n in ("float32", "torch.bfloat16", "half", "uint8")] == [4, 2, 2, 1]
+    with pytest.raises(sar.InvalidCallError):
+        _native.element_size("complex64")
+
+
+def test_local_group_without_a_driver_is_unavailable():
+    try:
+        n = sar.device_count()
+    except sar.UnavailableError as e:
+        assert e.kind in ("DriverUnavailable", "NoDevice")
+        with pytest.raises(sar.UnavailableError):
+            sar.local_group(2, 0)
+    else:
+        pytest.skip(f"this machine has a CUDA driver ({n} devices): covered by the GPU tests")
+
+
+def test_local_group_refuses_bad_worlds_before_any_device_call():
+    with pytest.raises(sar.InvalidCallError, match="invalid world size 9"):
+        sar.local_group(9, 0)
+    with pytest.raises(sar.InvalidCallError, match="max_blocks_per_rank"):
+        sar.local_group(2, 0, max_blocks_per_rank=0)
+
+
+class _FakeDist:
+    """torch.distributed's surface that the group constructor uses, for one rank whose
+    peers are simulated by the answers of ``all_gather_object``."""
+
+    def __init__(self, rank, world, peers):
+        self.rank, self.world, self.peers = rank, world, peers
+
+    def get_rank(self, group=None):
+        return self.rank
+
+    def get_world_size(self, group=None):
+        return self.world
+
+    def all_gather_object(self, out, obj, group=None):
+        for q in range(self.world):
+            out[q] = obj if q == self.rank else self.peers(q, obj)
+
+
+def _with_fake_dist(monkeypatch, dist):
+    import sys
+    import types
+
+    torch = types.ModuleType("torch")
+    torch.distributed = dist
+    torch.cuda = types.SimpleNamespace(current_device=lambda: 0)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+
+
+def test_group_spanning_hosts_comes_up_disabled(monkeypatch):
+    dist = _FakeDist(0, 2, lambda q, obj: ("other-host", None))
+    _with_fake_dist(monkeypatch, dist)
+    comm = sar.SymmAllReduce(object(), device=0)
+    assert comm.disabled
+    assert "spans 2 hosts" in comm.reason
+    assert comm.custom_all_reduce(FakeTensor()) is None
+    assert not comm.should_custom_ar(FakeTensor())
+    assert "disabled" in comm.describe()
+    with pytest.raises(sar.UnavailableError, match="disabled"):
+        comm.all_reduce(FakeTensor())
+    comm.close()
+
+
+def test_a_peers_bad_config_disables_every_rank(monkeypatch):
+    import socket
+
+    host = socket.gethostname()
+    dist = _FakeDist(0, 2, lambda q, obj: (host, "invalid configuration: timeout must be in (0, 1 h]"))
+    _with_fake_dist(monkeypatch, dist)
+    comm = sar.SymmAllReduce(object(), device=0)
+    assert comm.disabled
+    assert comm.reason.startswith("rank 1: invalid configuration")
+
+
+def test_own_bad_config_disables_without_raising(monkeypatch):
+    import socket
+
+    host = socket.gethostname()
+    dist = _FakeDist(0, 2, lambda q, obj: (host, None))
+    _with_fake_dist(monkeypatch, dist)
+    comm = sar.SymmAllReduce(object(), device=0, timeout=0.0)
+    assert comm.disabled and "timeout must be in" in comm.reason
+    comm = sar.SymmAllReduce(object(), device=0, no_such_keyword=1)
+    assert comm.disabled and "unknown config keyword" in comm.reason
+
+
+def test_world_of_one_is_disabled(monkeypatch):
+    _with_fake_dist(monkeypatch, _FakeDist(0, 1, None))
+    comm = sar.SymmAllReduce(object(), device=0)
+    assert comm.disabled and "one rank" in comm.reason
+
+
+def test_bench_helpers_without_a_gpu():
+    from symm_allreduce import bench
+
+    assert bench._parse_sizes("8K, 2M,100") == [8192, 2 << 20, 100]
+    row = {c: 1 for c in bench.COLUMNS} | {"time_us": 4.25, "dtype": "bf16"}
+    table = bench.format_table([row])
+    lines = table.splitlines()
+    assert lines[0].split() == list(bench.COLUMNS)
+    assert "4.25" in lines[1].split() and "bf16" in lines[1].split()
+    with pytest.raises(SystemExit):
+        bench.main(["--modes", "eager,fastest"])
