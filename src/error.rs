@@ -712,9 +712,18 @@ mod tests {
             Ok(())
         }
         let e = driver().unwrap_err();
-        assert!(matches!(e, Error::Cuda { source: DriverError(Code::CUDA_ERROR_OUT_OF_MEMORY), .. }));
+        assert!(matches!(
+            e,
+            Error::Cuda {
+                source: DriverError(Code::CUDA_ERROR_OUT_OF_MEMORY),
+                ..
+            }
+        ));
         assert!(e.to_string().contains("CUDA_ERROR_OUT_OF_MEMORY"), "{e}");
         let e = nccl().unwrap_err();
-        assert!(matches!(&e, Error::Nccl { detail, .. } if detail.contains("ncclInvalidArgument")), "{e}");
+        assert!(
+            matches!(&e, Error::Nccl { detail, .. } if detail.contains("ncclInvalidArgument")),
+            "{e}"
+        );
     }
 }

@@ -68,7 +68,9 @@ pub(crate) fn multicast(verdict: Result<usize, &str>, blocked: bool) {
 pub(crate) fn nccl_fallback(verdict: Result<&str, &str>) {
     match verdict {
         Ok(what) => info!(target: TARGET, decision = "nccl_fallback", on = true, what, "NCCL fallback on"),
-        Err(reason) => info!(target: TARGET, decision = "nccl_fallback", on = false, reason, "no NCCL fallback"),
+        Err(reason) => {
+            info!(target: TARGET, decision = "nccl_fallback", on = false, reason, "no NCCL fallback")
+        }
     }
 }
 
@@ -109,17 +111,26 @@ mod tests {
         assert_eq!(peer[1]["nccl_takes_every_call"], "true");
         assert_eq!(seen.decisions("setup_step")[0]["step"], "mapping");
         let nccl = seen.decisions("nccl_fallback");
-        assert_eq!((nccl[0]["on"].as_str(), nccl[1]["on"].as_str()), ("false", "true"));
+        assert_eq!(
+            (nccl[0]["on"].as_str(), nccl[1]["on"].as_str()),
+            ("false", "true")
+        );
         assert!(nccl[0]["reason"].contains("without NCCL"));
         let mc = seen.decisions("multicast");
-        assert_eq!((mc[0]["on"].as_str(), mc[0]["blocked"].as_str()), ("false", "true"));
+        assert_eq!(
+            (mc[0]["on"].as_str(), mc[0]["blocked"].as_str()),
+            ("false", "true")
+        );
         assert!(mc[0]["reason"].contains("a multicast veto"));
         assert_eq!(mc[1]["bytes"], "2097152");
         let events = seen.events.lock().unwrap();
         assert!(events.iter().all(|e| e["target"] == TARGET));
         let spans = seen.spans.lock().unwrap();
         assert_eq!(spans.len(), 1);
-        assert_eq!((spans[0]["name"].as_str(), spans[0]["constructor"].as_str()), ("setup", "new"));
+        assert_eq!(
+            (spans[0]["name"].as_str(), spans[0]["constructor"].as_str()),
+            ("setup", "new")
+        );
     }
 
     #[test]

@@ -13,9 +13,9 @@ mod support {
 
 use std::sync::{Arc, OnceLock};
 
+use support::recorder::{self, Recorded};
 use symm_allreduce::cudarc::driver::CudaContext;
 use symm_allreduce::{Algorithm, Communicator, Config, LocalHub, Multicast, TRACING_TARGET};
-use support::recorder::{self, Recorded};
 
 /// One global subscriber for the whole binary (the ranks are threads).
 fn recorded() -> &'static Recorded {
@@ -60,13 +60,19 @@ fn a_local_group_reports_peer_kernels_no_fallback_and_the_multicast_veto(ctx: Ar
     let mc = seen.decisions("multicast");
     assert_eq!(mc.len(), world, "{mc:?}");
     for e in &mc {
-        assert_eq!((e["on"].as_str(), e["blocked"].as_str()), ("false", "true"), "{e:?}");
+        assert_eq!(
+            (e["on"].as_str(), e["blocked"].as_str()),
+            ("false", "true"),
+            "{e:?}"
+        );
         assert!(e["reason"].contains("NCCL_NVLS_ENABLE=0"), "{e:?}");
     }
     let spans = seen.spans.lock().unwrap().clone();
     let setup: Vec<_> = spans.iter().filter(|s| s["name"] == "setup").collect();
     assert_eq!(setup.len(), world, "{spans:?}");
-    assert!(setup.iter().all(|s| s["constructor"] == "new" && s["world"] == "2"));
+    assert!(setup
+        .iter()
+        .all(|s| s["constructor"] == "new" && s["world"] == "2"));
     // What the events said is what the communicators report.
     for c in &comms {
         assert!(c.has_peer_kernels() && !c.has_nccl_fallback() && !c.has_multicast());
@@ -88,7 +94,10 @@ fn an_nccl_fallback_is_reported_on(ctx: Arc<CudaContext>) {
     assert_eq!(nccl[0]["on"], "true");
     assert!(nccl[0]["what"].contains("NCCL"), "{nccl:?}");
     let spans = seen.spans.lock().unwrap().clone();
-    assert!(spans.iter().any(|s| s["constructor"] == "with_nccl_fallback"), "{spans:?}");
+    assert!(
+        spans.iter().any(|s| s["constructor"] == "with_nccl_fallback"),
+        "{spans:?}"
+    );
 }
 
 fn main() -> std::process::ExitCode {

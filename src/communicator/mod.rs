@@ -160,7 +160,11 @@ impl Communicator {
     }
 
     fn over_callers_nccl(comm: OwnedNcclComm, config: Config) -> Result<Communicator> {
-        let constructor = if comm.is_shared() { "from_nccl_shared" } else { "from_nccl" };
+        let constructor = if comm.is_shared() {
+            "from_nccl_shared"
+        } else {
+            "from_nccl"
+        };
         let _span = events::setup_span(constructor, comm.get().rank(), comm.get().world_size());
         let ctx = comm.get().context().clone();
         let events = ctx

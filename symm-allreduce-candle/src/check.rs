@@ -163,7 +163,12 @@ pub(crate) fn scattered_dims(op: &'static str, dims: &[usize], world: usize) -> 
 
 /// The fused call's tensors: `partial` `[.., hidden]`, `residual` of the same shape, `weight`
 /// `(hidden,)`, all of one supported dtype and contiguous. Returns `hidden`.
-pub(crate) fn fused(op: &'static str, partial: &Tensor, residual: &Tensor, weight: &Tensor) -> Result<usize, Error> {
+pub(crate) fn fused(
+    op: &'static str,
+    partial: &Tensor,
+    residual: &Tensor,
+    weight: &Tensor,
+) -> Result<usize, Error> {
     dtype(op, Kind::Reduce, partial.dtype())?;
     for (what, t) in [("the residual", residual), ("the weight", weight)] {
         if t.dtype() != partial.dtype() {
@@ -175,7 +180,11 @@ pub(crate) fn fused(op: &'static str, partial: &Tensor, residual: &Tensor, weigh
             });
         }
     }
-    for (what, t) in [("the input", partial), ("the residual", residual), ("the weight", weight)] {
+    for (what, t) in [
+        ("the input", partial),
+        ("the residual", residual),
+        ("the weight", weight),
+    ] {
         range(op, what, t.layout())?;
     }
     let Some(&hidden) = partial.dims().last() else {
@@ -197,7 +206,10 @@ pub(crate) fn fused(op: &'static str, partial: &Tensor, residual: &Tensor, weigh
     if weight.dims() != [hidden] {
         return Err(Error::Shape {
             op,
-            reason: format!("the weight has shape {:?}; it must be ({hidden},), the input's last dimension", weight.dims()),
+            reason: format!(
+                "the weight has shape {:?}; it must be ({hidden},), the input's last dimension",
+                weight.dims()
+            ),
         });
     }
     for t in [partial, residual, weight] {
@@ -225,7 +237,10 @@ mod tests {
         for d in [DType::U8, DType::U32, DType::I64, DType::F64] {
             let e = dtype("all_reduce", Kind::Reduce, d).unwrap_err();
             let text = e.to_string();
-            assert!(text.contains(&format!("{d:?}")) && text.contains(REDUCE_DTYPES), "{text}");
+            assert!(
+                text.contains(&format!("{d:?}")) && text.contains(REDUCE_DTYPES),
+                "{text}"
+            );
         }
         let e = dtype("all_gather", Kind::Gather, DType::F64).unwrap_err();
         assert!(e.to_string().contains(GATHER_DTYPES));
@@ -237,15 +252,24 @@ mod tests {
         assert_eq!(range("all_reduce", "the tensor", t.layout()).unwrap(), (0, 24));
         // Rows 2..4: contiguous, starting 12 elements into the storage.
         let rows = t.narrow(0, 2, 2).unwrap();
-        assert_eq!(range("all_reduce", "the tensor", rows.layout()).unwrap(), (12, 24));
+        assert_eq!(
+            range("all_reduce", "the tensor", rows.layout()).unwrap(),
+            (12, 24)
+        );
         let row = t.i(3).unwrap();
         assert_eq!(range("all_reduce", "the tensor", row.layout()).unwrap(), (18, 24));
         let e = range("all_reduce", "the tensor", t.t().unwrap().layout()).unwrap_err();
         let text = e.to_string();
-        assert!(text.contains("not contiguous") && text.contains(".contiguous()"), "{text}");
+        assert!(
+            text.contains("not contiguous") && text.contains(".contiguous()"),
+            "{text}"
+        );
         // Columns 1..3 of every row: gaps between the rows.
         let cols = t.narrow(1, 1, 2).unwrap();
-        assert!(matches!(range("all_reduce", "the tensor", cols.layout()), Err(Error::NotContiguous { .. })));
+        assert!(matches!(
+            range("all_reduce", "the tensor", cols.layout()),
+            Err(Error::NotContiguous { .. })
+        ));
         // A broadcast (stride 0) is not contiguous either.
         let b = cpu(&[1, 6], DType::F32).broadcast_as((4, 6)).unwrap();
         assert!(range("all_reduce", "the tensor", b.layout()).is_err());
@@ -255,7 +279,10 @@ mod tests {
     fn cpu_tensors_are_refused_with_the_way_to_cuda() {
         let e = on_cuda("all_reduce", &cpu(&[8], DType::BF16)).unwrap_err();
         let text = e.to_string();
-        assert!(text.contains("cpu device") && text.contains("Device::Cuda"), "{text}");
+        assert!(
+            text.contains("cpu device") && text.contains("Device::Cuda"),
+            "{text}"
+        );
         // And into candle's error type, with the message kept.
         let c: candle_core::Error = e.into();
         assert!(c.to_string().contains("cpu device"), "{c}");
@@ -282,7 +309,15 @@ mod tests {
         assert!(matches!(e, Error::NotCuda { device: "cpu", .. }), "{e}");
         let e = fused("all_reduce_add_rmsnorm", &x, &cpu(&[2, 64], DType::F16), &w).unwrap_err();
         assert!(
-            matches!(e, Error::DTypeMismatch { what: "the residual", expected: DType::BF16, found: DType::F16, .. }),
+            matches!(
+                e,
+                Error::DTypeMismatch {
+                    what: "the residual",
+                    expected: DType::BF16,
+                    found: DType::F16,
+                    ..
+                }
+            ),
             "{e}"
         );
         let e = fused("all_reduce_add_rmsnorm", &x, &x, &cpu(&[64], DType::F32)).unwrap_err();
@@ -293,8 +328,26 @@ mod tests {
         assert!(e.to_string().contains("(64,)"), "{e}");
         let xt = cpu(&[64, 2], DType::BF16).t().unwrap();
         let e = fused("all_reduce_add_rmsnorm", &xt, &x, &w).unwrap_err();
-        assert!(matches!(e, Error::NotContiguous { what: "the input", .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                Error::NotContiguous {
+                    what: "the input",
+                    ..
+                }
+            ),
+            "{e}"
+        );
         let e = fused("all_reduce_add_rmsnorm", &cpu(&[2, 64], DType::F64), &x, &w).unwrap_err();
-        assert!(matches!(e, Error::UnsupportedDType { dtype: DType::F64, .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                Error::UnsupportedDType {
+                    dtype: DType::F64,
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
 }

@@ -53,7 +53,9 @@ fn all_reduce_into<T: Element + CudaDType>(
     (start, end): (usize, usize),
 ) -> candle_core::Result<CudaStorage> {
     let input = s.as_cuda_slice::<T>()?;
-    let input = input.try_slice(start..end).ok_or_else(|| out_of_range(ALL_REDUCE))?;
+    let input = input
+        .try_slice(start..end)
+        .ok_or_else(|| out_of_range(ALL_REDUCE))?;
     let mut out = alloc::<T>(s, end - start)?;
     let stream = s.device().cuda_stream();
     comm.communicator()
@@ -69,7 +71,9 @@ fn all_reduce_in_place<T: Element + CudaDType>(
 ) -> candle_core::Result<()> {
     let stream = s.device().cuda_stream();
     let slice = s.as_cuda_slice_mut::<T>()?;
-    let mut view = slice.try_slice_mut(start..end).ok_or_else(|| out_of_range(ALL_REDUCE))?;
+    let mut view = slice
+        .try_slice_mut(start..end)
+        .ok_or_else(|| out_of_range(ALL_REDUCE))?;
     comm.communicator()
         .all_reduce_in_place(&mut view, &stream, symm_allreduce::Algorithm::Auto)
         .map_err(Error::from)?;
@@ -128,7 +132,9 @@ fn all_gather_into<T: Gatherable + CudaDType>(
     (start, end): (usize, usize),
 ) -> candle_core::Result<CudaStorage> {
     let input = s.as_cuda_slice::<T>()?;
-    let input = input.try_slice(start..end).ok_or_else(|| out_of_range(ALL_GATHER))?;
+    let input = input
+        .try_slice(start..end)
+        .ok_or_else(|| out_of_range(ALL_GATHER))?;
     let mut out = alloc::<T>(s, (end - start) * comm.world_size())?;
     let stream = s.device().cuda_stream();
     comm.communicator()
@@ -177,7 +183,9 @@ fn reduce_scatter_into<T: Element + CudaDType>(
     (start, end): (usize, usize),
 ) -> candle_core::Result<CudaStorage> {
     let input = s.as_cuda_slice::<T>()?;
-    let input = input.try_slice(start..end).ok_or_else(|| out_of_range(REDUCE_SCATTER))?;
+    let input = input
+        .try_slice(start..end)
+        .ok_or_else(|| out_of_range(REDUCE_SCATTER))?;
     let mut out = alloc::<T>(s, (end - start) / comm.world_size())?;
     let stream = s.device().cuda_stream();
     comm.communicator()
@@ -198,7 +206,11 @@ impl CustomOp1 for ReduceScatter<'_> {
     fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
         let range = check::range(REDUCE_SCATTER, "the tensor", l)?;
         let dims = check::scattered_dims(REDUCE_SCATTER, l.dims(), self.comm.world_size())?;
-        let out = by_dtype!(REDUCE_SCATTER, s.dtype(), reduce_scatter_into(self.comm, s, range))?;
+        let out = by_dtype!(
+            REDUCE_SCATTER,
+            s.dtype(),
+            reduce_scatter_into(self.comm, s, range)
+        )?;
         Ok((out, Shape::from(dims)))
     }
 }
@@ -224,9 +236,13 @@ fn fused_into<T: Element + CudaDType>(
     let device = residual.device().clone();
     let mut out = alloc::<T>(residual, len)?;
     let p = partial.0.as_cuda_slice::<T>()?;
-    let p = p.try_slice(partial.1 .0..partial.1 .1).ok_or_else(|| out_of_range(FUSED))?;
+    let p = p
+        .try_slice(partial.1 .0..partial.1 .1)
+        .ok_or_else(|| out_of_range(FUSED))?;
     let w = weight.0.as_cuda_slice::<T>()?;
-    let w = w.try_slice(weight.1 .0..weight.1 .1).ok_or_else(|| out_of_range(FUSED))?;
+    let w = w
+        .try_slice(weight.1 .0..weight.1 .1)
+        .ok_or_else(|| out_of_range(FUSED))?;
     let r = residual.as_cuda_slice_mut::<T>()?;
     let mut r = r
         .try_slice_mut(residual_range.0..residual_range.1)

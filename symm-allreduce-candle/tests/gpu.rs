@@ -29,6 +29,9 @@ fn gpu_missing() -> Option<String> {
 
 type Res = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
+/// A named GPU test.
+type Named = (&'static str, fn() -> Res);
+
 /// Runs `body(rank, comm, device)` on `world` rank threads of one local group.
 fn on_ranks(world: usize, body: impl Fn(usize, &SymmComm, &Device) -> Res + Sync) -> Res {
     let devices = (0..world)
@@ -63,12 +66,20 @@ fn host(r: usize, rows: usize, cols: usize) -> Vec<f32> {
 }
 
 fn sum(world: usize, rows: usize, cols: usize) -> Vec<f32> {
-    (0..rows * cols).map(|i| (0..world).map(|r| value(r, i)).sum()).collect()
+    (0..rows * cols)
+        .map(|i| (0..world).map(|r| value(r, i)).sum())
+        .collect()
 }
 
 /// Rank `r`'s `(rows, cols)` tensor of `dtype`, as rows 2.. of a larger one: it starts
 /// `2 · cols` elements into its storage. Returns (the whole tensor, the view).
-fn offset_tensor(r: usize, rows: usize, cols: usize, dtype: DType, dev: &Device) -> Result<(Tensor, Tensor), candle_core::Error> {
+fn offset_tensor(
+    r: usize,
+    rows: usize,
+    cols: usize,
+    dtype: DType,
+    dev: &Device,
+) -> Result<(Tensor, Tensor), candle_core::Error> {
     let mut data = vec![99f32; 2 * cols];
     data.extend(host(r, rows, cols));
     data.extend(vec![77f32; cols]);
@@ -102,7 +113,11 @@ fn all_reduce_op_every_dtype_from_an_offset() -> Res {
                 let y = x.apply_op1_no_bwd(&AllReduce::new(comm))?;
                 assert_eq!(y.dims(), x.dims());
                 assert_eq!(y.dtype(), dtype);
-                expect_eq(&format!("W={world} {dtype:?} AllReduce"), &to_f32(&y)?, &sum(world, rows, cols))?;
+                expect_eq(
+                    &format!("W={world} {dtype:?} AllReduce"),
+                    &to_f32(&y)?,
+                    &sum(world, rows, cols),
+                )?;
                 // The input is left as it was.
                 expect_eq("the input", &to_f32(&x)?, &host(r, rows, cols))?;
                 Ok(())
@@ -119,9 +134,17 @@ fn in_place_sums_only_the_view() -> Res {
             on_ranks(world, |r, comm, dev| {
                 let (whole, x) = offset_tensor(r, rows, cols, dtype, dev)?;
                 comm.all_reduce_(&x)?;
-                expect_eq(&format!("W={world} {dtype:?} in place"), &to_f32(&x)?, &sum(world, rows, cols))?;
+                expect_eq(
+                    &format!("W={world} {dtype:?} in place"),
+                    &to_f32(&x)?,
+                    &sum(world, rows, cols),
+                )?;
                 // The rows around the view are untouched.
-                expect_eq("rows before", &to_f32(&whole.narrow(0, 0, 2)?)?, &vec![99.0; 2 * cols])?;
+                expect_eq(
+                    "rows before",
+                    &to_f32(&whole.narrow(0, 0, 2)?)?,
+                    &vec![99.0; 2 * cols],
+                )?;
                 expect_eq("row after", &to_f32(&whole.i(rows + 2)?)?, &vec![77.0; cols])?;
                 Ok(())
             })?;
@@ -136,7 +159,11 @@ fn all_gather_stacks_ranks_along_dim_0() -> Res {
         for dtype in [DType::F32, DType::F16, DType::BF16, DType::U8] {
             on_ranks(world, |r, comm, dev| {
                 let (_, x) = offset_tensor(r, rows, cols, DType::F32, dev)?;
-                let x = if dtype == DType::U8 { (x + 5.0)?.to_dtype(DType::U8)? } else { x.to_dtype(dtype)? };
+                let x = if dtype == DType::U8 {
+                    (x + 5.0)?.to_dtype(DType::U8)?
+                } else {
+                    x.to_dtype(dtype)?
+                };
                 let y = comm.all_gather(&x)?;
                 assert_eq!(y.dims(), &[world * rows, cols]);
                 let want: Vec<f32> = (0..world)
@@ -160,7 +187,11 @@ fn reduce_scatter_keeps_this_ranks_rows_of_the_sum() -> Res {
                 let y = comm.reduce_scatter(&x)?;
                 assert_eq!(y.dims(), &[2, cols]);
                 let full = sum(world, rows, cols);
-                expect_eq(&format!("W={world} {dtype:?} reduce_scatter"), &to_f32(&y)?, &full[r * 2 * cols..(r + 1) * 2 * cols])
+                expect_eq(
+                    &format!("W={world} {dtype:?} reduce_scatter"),
+                    &to_f32(&y)?,
+                    &full[r * 2 * cols..(r + 1) * 2 * cols],
+                )
             })?;
         }
     }
@@ -178,18 +209,26 @@ fn fused_norm_matches_the_host_and_updates_the_residual() -> Res {
                 let normed = comm.all_reduce_add_rmsnorm(&partial, &residual, &weight, 1e-5)?;
                 // residual ← 1 + Σ partial, exactly (small integers).
                 let res_want: Vec<f32> = sum(world, tokens, hidden).iter().map(|s| s + 1.0).collect();
-                expect_eq(&format!("W={world} {dtype:?} residual"), &to_f32(&residual)?, &res_want)?;
+                expect_eq(
+                    &format!("W={world} {dtype:?} residual"),
+                    &to_f32(&residual)?,
+                    &res_want,
+                )?;
                 // normed = 0.5 · residual / rms(residual row), against f64 on the host.
                 let got = to_f32(&normed)?;
                 let tol = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
                 for t in 0..tokens {
                     let row = &res_want[t * hidden..(t + 1) * hidden];
-                    let rms = (row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / hidden as f64 + 1e-5).sqrt();
+                    let rms =
+                        (row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / hidden as f64 + 1e-5).sqrt();
                     for (i, &v) in row.iter().enumerate() {
                         let want = 0.5 * v as f64 / rms;
                         let g = got[t * hidden + i] as f64;
                         if (g - want).abs() > tol * want.abs().max(1.0) {
-                            return Err(format!("W={world} {dtype:?} rank {r}: normed[{t}][{i}] = {g}, expected {want}").into());
+                            return Err(format!(
+                                "W={world} {dtype:?} rank {r}: normed[{t}][{i}] = {g}, expected {want}"
+                            )
+                            .into());
                         }
                     }
                 }
@@ -205,7 +244,8 @@ fn ranks_get_identical_bits_from_the_fused_call() -> Res {
     let (tokens, hidden) = (3, 4096);
     let outputs = std::sync::Mutex::new(Vec::new());
     on_ranks(4, |r, comm, dev| {
-        let partial = (Tensor::arange(0f32, (tokens * hidden) as f32, dev)?.reshape((tokens, hidden))? * (0.013 + r as f64 * 0.007))?
+        let partial = (Tensor::arange(0f32, (tokens * hidden) as f32, dev)?.reshape((tokens, hidden))?
+            * (0.013 + r as f64 * 0.007))?
             .sin()?
             .to_dtype(DType::BF16)?;
         let residual = Tensor::ones((tokens, hidden), DType::BF16, dev)?;
@@ -260,12 +300,18 @@ fn cuda_tensors_the_ops_refuse() -> Res {
         if !e.contains("F64") || !e.contains("f32, f16, bf16") {
             return Err(format!("f64: {e}").into());
         }
-        let e = comm.reduce_scatter(&Tensor::ones((3, 8), DType::F32, dev)?).unwrap_err().to_string();
+        let e = comm
+            .reduce_scatter(&Tensor::ones((3, 8), DType::F32, dev)?)
+            .unwrap_err()
+            .to_string();
         if !e.contains("multiple of the world size (2)") {
             return Err(format!("reduce_scatter rows: {e}").into());
         }
         let w = Tensor::ones(32, DType::BF16, dev)?;
-        let e = comm.all_reduce_add_rmsnorm(&x, &x.clone(), &w, 1e-5).unwrap_err().to_string();
+        let e = comm
+            .all_reduce_add_rmsnorm(&x, &x.clone(), &w, 1e-5)
+            .unwrap_err()
+            .to_string();
         if !e.contains("dtype BF16") {
             return Err(format!("fused dtypes: {e}").into());
         }
@@ -279,14 +325,32 @@ fn main() -> ExitCode {
     let args = Arguments::from_args();
     let missing = gpu_missing();
     let required = std::env::var("REQUIRE_GPU").is_ok_and(|v| v == "1");
-    let tests: [(&str, fn() -> Res); 8] = [
-        ("all_reduce_op_every_dtype_from_an_offset", all_reduce_op_every_dtype_from_an_offset),
+    let tests: [Named; 8] = [
+        (
+            "all_reduce_op_every_dtype_from_an_offset",
+            all_reduce_op_every_dtype_from_an_offset,
+        ),
         ("in_place_sums_only_the_view", in_place_sums_only_the_view),
-        ("all_gather_stacks_ranks_along_dim_0", all_gather_stacks_ranks_along_dim_0),
-        ("reduce_scatter_keeps_this_ranks_rows_of_the_sum", reduce_scatter_keeps_this_ranks_rows_of_the_sum),
-        ("fused_norm_matches_the_host_and_updates_the_residual", fused_norm_matches_the_host_and_updates_the_residual),
-        ("ranks_get_identical_bits_from_the_fused_call", ranks_get_identical_bits_from_the_fused_call),
-        ("in_place_all_reduce_replays_from_a_cuda_graph", in_place_all_reduce_replays_from_a_cuda_graph),
+        (
+            "all_gather_stacks_ranks_along_dim_0",
+            all_gather_stacks_ranks_along_dim_0,
+        ),
+        (
+            "reduce_scatter_keeps_this_ranks_rows_of_the_sum",
+            reduce_scatter_keeps_this_ranks_rows_of_the_sum,
+        ),
+        (
+            "fused_norm_matches_the_host_and_updates_the_residual",
+            fused_norm_matches_the_host_and_updates_the_residual,
+        ),
+        (
+            "ranks_get_identical_bits_from_the_fused_call",
+            ranks_get_identical_bits_from_the_fused_call,
+        ),
+        (
+            "in_place_all_reduce_replays_from_a_cuda_graph",
+            in_place_all_reduce_replays_from_a_cuda_graph,
+        ),
         ("cuda_tensors_the_ops_refuse", cuda_tensors_the_ops_refuse),
     ];
     let trials = tests

@@ -49,18 +49,29 @@ impl<S: tracing::Subscriber> Layer<S> for Recorder {
         let mut fields = Fields::new();
         fields.insert("target".into(), event.metadata().target().to_string());
         event.record(&mut Visitor(&mut fields));
-        self.0.events.lock().unwrap_or_else(|p| p.into_inner()).push(fields);
+        self.0
+            .events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(fields);
     }
     fn on_new_span(&self, attrs: &tracing::span::Attributes<'_>, _: &tracing::span::Id, _: Context<'_, S>) {
         let mut fields = Fields::new();
         fields.insert("name".into(), attrs.metadata().name().to_string());
         attrs.record(&mut Visitor(&mut fields));
-        self.0.spans.lock().unwrap_or_else(|p| p.into_inner()).push(fields);
+        self.0
+            .spans
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(fields);
     }
 }
 
 /// A subscriber that records into the returned `Recorded`.
 pub fn subscriber() -> (impl tracing::Subscriber + Send + Sync, Recorded) {
     let recorded = Recorded::default();
-    (tracing_subscriber::registry().with(Recorder(recorded.clone())), recorded)
+    (
+        tracing_subscriber::registry().with(Recorder(recorded.clone())),
+        recorded,
+    )
 }

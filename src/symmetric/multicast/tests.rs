@@ -395,7 +395,12 @@ fn a_veto_reaches_a_tracing_subscriber_and_no_driver_call_is_made() {
     let hub = LocalHub::new(1, Duration::from_secs(20));
     let veto = "TEST_ONLY_VETO=1 is set (a multicast veto)".to_string();
     let outcome = tracing::subscriber::with_default(subscriber, || {
-        establish(&hub.rank(0), Arc::new(fake.for_rank(0)), request(Multicast::Auto, 0), Some(veto))
+        establish(
+            &hub.rank(0),
+            Arc::new(fake.for_rank(0)),
+            request(Multicast::Auto, 0),
+            Some(veto),
+        )
     })
     .unwrap();
     assert!(matches!(outcome, Outcome::Off(ref why) if why.contains("TEST_ONLY_VETO")));

@@ -88,6 +88,13 @@ struct ModelConfig {
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
+/// What every rank of a run shares: the flags, the model shape, the dtype.
+struct Ctx<'a> {
+    args: &'a Args,
+    cfg: &'a ModelConfig,
+    dtype: DType,
+}
+
 /// How a step combines a row-parallel layer's partial sums.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
@@ -151,7 +158,8 @@ struct Weights<'a> {
 
 impl Weights<'_> {
     fn take(&mut self, dims: (usize, usize), std: f64, shard: Option<usize>) -> Res<Tensor> {
-        self.dev.set_seed(self.seed.wrapping_mul(1_000_003).wrapping_add(self.next))?;
+        self.dev
+            .set_seed(self.seed.wrapping_mul(1_000_003).wrapping_add(self.next))?;
         self.next += 1;
         let full = Tensor::randn(0f32, std as f32, dims, self.dev)?.to_dtype(self.dtype)?;
         Ok(match shard {
@@ -169,7 +177,14 @@ impl Weights<'_> {
 }
 
 impl Model {
-    fn new(cfg: &ModelConfig, dev: &Device, dtype: DType, seed: u64, rank: usize, world: usize, max_batch: usize, max_len: usize) -> Res<Model> {
+    fn new(
+        ctx: &Ctx,
+        dev: &Device,
+        (rank, world): (usize, usize),
+        max_batch: usize,
+        max_len: usize,
+    ) -> Res<Model> {
+        let (cfg, dtype, seed) = (ctx.cfg, ctx.dtype, ctx.args.seed);
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
         let head_dim = h / cfg.num_attention_heads;
         for (what, n) in [
@@ -251,7 +266,14 @@ impl Model {
     }
 
     /// The residual add and the next RMSNorm after a row-parallel layer's partial sums.
-    fn combine(&self, partial: Tensor, h: &mut Tensor, norm: &Tensor, comm: Option<&SymmComm>, mode: Mode) -> Res<Tensor> {
+    fn combine(
+        &self,
+        partial: Tensor,
+        h: &mut Tensor,
+        norm: &Tensor,
+        comm: Option<&SymmComm>,
+        mode: Mode,
+    ) -> Res<Tensor> {
         let sum = match (mode, comm) {
             (Mode::Fused, Some(c)) => return Ok(c.all_reduce_add_rmsnorm(&partial, h, norm, self.eps)?),
             (Mode::Unfused | Mode::Nccl, Some(c)) => c.all_reduce(&partial)?,
@@ -313,13 +335,25 @@ struct Measured {
 }
 
 /// The prompt, then `steps` timed decode steps; every rank runs this at the same time.
-fn run_mode(model: &Model, dev: &Device, comm: Option<&SymmComm>, mode: Mode, batch: usize, args: &Args, vocab: usize, barrier: &Barrier) -> Res<(Vec<f32>, f64)> {
+fn run_mode(
+    model: &Model,
+    dev: &Device,
+    comm: Option<&SymmComm>,
+    mode: Mode,
+    batch: usize,
+    ctx: &Ctx,
+    barrier: &Barrier,
+) -> Res<(Vec<f32>, f64)> {
+    let (args, vocab) = (ctx.args, ctx.cfg.vocab_size);
     let mut logits = None;
     for pos in 0..args.prompt {
         let t = tokens(args.seed, batch, pos, vocab, dev)?;
         logits = Some(model.step(&t, pos, comm, mode)?);
     }
-    let logits = logits.ok_or("--prompt must be at least 1")?.flatten_all()?.to_vec1::<f32>()?;
+    let logits = logits
+        .ok_or("--prompt must be at least 1")?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
     let toks: Vec<Tensor> = (0..args.steps)
         .map(|i| tokens(args.seed, batch, args.prompt + i, vocab, dev))
         .collect::<Res<_>>()?;
@@ -337,7 +371,15 @@ fn run_mode(model: &Model, dev: &Device, comm: Option<&SymmComm>, mode: Mode, ba
 
 /// The fused step at position `args.prompt` captured in a CUDA graph on this rank's stream,
 /// replayed `args.steps` times.
-fn run_graph(model: &Model, dev: &Device, comm: &SymmComm, batch: usize, args: &Args, vocab: usize, barrier: &Barrier) -> Res<f64> {
+fn run_graph(
+    model: &Model,
+    dev: &Device,
+    comm: &SymmComm,
+    batch: usize,
+    ctx: &Ctx,
+    barrier: &Barrier,
+) -> Res<f64> {
+    let (args, vocab) = (ctx.args, ctx.cfg.vocab_size);
     use symm_allreduce::cudarc::driver::sys;
     let cuda = dev.as_cuda_device()?;
     let stream = cuda.cuda_stream();
@@ -349,7 +391,8 @@ fn run_graph(model: &Model, dev: &Device, comm: &SymmComm, batch: usize, args: &
     barrier.wait();
     stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
     let captured = model.step(&t, args.prompt, Some(comm), Mode::Fused);
-    let graph = stream.end_capture(sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+    let graph =
+        stream.end_capture(sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
     let logits = captured?;
     let graph = graph?.ok_or("the capture recorded nothing")?;
     drop(logits);
@@ -367,10 +410,19 @@ fn run_graph(model: &Model, dev: &Device, comm: &SymmComm, batch: usize, args: &
 }
 
 /// One rank: its model, then every (batch, mode) in order, in lockstep with its peers.
-fn rank_main(rank: usize, world: usize, dev: Device, comm: Option<SymmComm>, nccl: Option<SymmComm>, cfg: &ModelConfig, args: &Args, dtype: DType, barrier: &Barrier) -> Res<Vec<Measured>> {
+fn rank_main(
+    rank: usize,
+    world: usize,
+    dev: Device,
+    comm: Option<SymmComm>,
+    nccl: Option<SymmComm>,
+    ctx: &Ctx,
+    barrier: &Barrier,
+) -> Res<Vec<Measured>> {
+    let args = ctx.args;
     let max_batch = args.batches.iter().copied().max().unwrap_or(1);
     let max_len = args.prompt + args.steps + 1;
-    let model = Model::new(cfg, &dev, dtype, args.seed, rank, world, max_batch, max_len)?;
+    let model = Model::new(ctx, &dev, (rank, world), max_batch, max_len)?;
     dev.synchronize()?;
     barrier.wait();
     let mut out = Vec::new();
@@ -384,7 +436,7 @@ fn rank_main(rank: usize, world: usize, dev: Device, comm: Option<SymmComm>, ncc
             modes.push((Mode::Nccl, Some(n)));
         }
         for (mode, c) in modes {
-            let (logits, step_us, error) = match run_mode(&model, &dev, c, mode, batch, args, cfg.vocab_size, barrier) {
+            let (logits, step_us, error) = match run_mode(&model, &dev, c, mode, batch, ctx, barrier) {
                 Ok((l, us)) => (l, us, None),
                 Err(e) => (Vec::new(), f64::NAN, Some(e.to_string())),
             };
@@ -397,7 +449,7 @@ fn rank_main(rank: usize, world: usize, dev: Device, comm: Option<SymmComm>, ncc
             });
         }
         if let (true, Some(c)) = (args.graph, &comm) {
-            let (step_us, error) = match run_graph(&model, &dev, c, batch, args, cfg.vocab_size, barrier) {
+            let (step_us, error) = match run_graph(&model, &dev, c, batch, ctx, barrier) {
                 Ok(us) => (us, None),
                 Err(e) => (f64::NAN, Some(format!("CUDA graph capture/replay failed: {e}"))),
             };
@@ -414,13 +466,16 @@ fn rank_main(rank: usize, world: usize, dev: Device, comm: Option<SymmComm>, ncc
 }
 
 /// Runs `world` ranks (threads); returns every rank's measurements.
-fn run_world(world: usize, cfg: &ModelConfig, args: &Args, dtype: DType, with_comm: bool) -> Res<Vec<Vec<Measured>>> {
+fn run_world(world: usize, ctx: &Ctx, with_comm: bool) -> Res<Vec<Vec<Measured>>> {
     let gpus = symm_allreduce::device_count()?.max(1);
     let devices = (0..world)
         .map(|r| Device::new_cuda_with_stream(r % gpus))
         .collect::<Result<Vec<_>, _>>()?;
     let comms: Vec<Option<SymmComm>> = if with_comm {
-        SymmComm::local_group(&devices, Config::default())?.into_iter().map(Some).collect()
+        SymmComm::local_group(&devices, Config::default())?
+            .into_iter()
+            .map(Some)
+            .collect()
     } else {
         vec![None; world]
     };
@@ -451,7 +506,7 @@ fn run_world(world: usize, cfg: &ModelConfig, args: &Args, dtype: DType, with_co
             .map(|(rank, (dev, comm))| {
                 let barrier = barrier.clone();
                 let nccl = if rank == 0 { nccl.clone() } else { None };
-                s.spawn(move || rank_main(rank, world, dev, comm, nccl, cfg, args, dtype, &barrier))
+                s.spawn(move || rank_main(rank, world, dev, comm, nccl, ctx, &barrier))
             })
             .collect();
         handles
@@ -502,8 +557,13 @@ fn run() -> Res<bool> {
         args.prompt,
         args.steps
     );
+    let ctx = Ctx {
+        args: &args,
+        cfg: &cfg,
+        dtype,
+    };
     // The reference: the unsplit model (W = 1), no communicator, plus the NCCL row.
-    let reference = run_world(1, &cfg, &args, dtype, true)?;
+    let reference = run_world(1, &ctx, true)?;
     let reference = &reference[0];
     let ref_logits = |batch: usize| {
         reference
@@ -514,8 +574,8 @@ fn run() -> Res<bool> {
     };
     let mut ok = true;
     println!(
-        "\n{:>2} {:>5}  {:<22} {:>10} {:>10} {:>10}  {:>12}  {}",
-        "W", "batch", "mode", "step us", "tokens/s", "comm share", "vs W=1", "ranks"
+        "\n{:>2} {:>5}  {:<22} {:>10} {:>10} {:>10}  {:>12}  ranks",
+        "W", "batch", "mode", "step us", "tokens/s", "comm share", "vs W=1"
     );
     let mut report = |world: usize, measured: &[Vec<Measured>]| {
         for (i, m) in measured[0].iter().enumerate() {
@@ -539,11 +599,18 @@ fn run() -> Res<bool> {
             let (vs, ranks) = if checked {
                 let r = ref_logits(m.batch);
                 let scale = r.iter().fold(0f32, |a, x| a.max(x.abs()));
-                let diff = r.iter().zip(&m.logits).fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+                let diff = r
+                    .iter()
+                    .zip(&m.logits)
+                    .fold(0f32, |a, (x, y)| a.max((x - y).abs()));
                 let rel = diff / scale.max(f32::MIN_POSITIVE);
                 let identical = measured.iter().all(|rank| {
                     rank[i].logits.len() == m.logits.len()
-                        && rank[i].logits.iter().zip(&m.logits).all(|(a, b)| a.to_bits() == b.to_bits())
+                        && rank[i]
+                            .logits
+                            .iter()
+                            .zip(&m.logits)
+                            .all(|(a, b)| a.to_bits() == b.to_bits())
                 });
                 if rel > args.tolerance || !rel.is_finite() || !identical || r.len() != m.logits.len() {
                     ok = false;
@@ -572,7 +639,7 @@ fn run() -> Res<bool> {
         if world == 1 {
             continue;
         }
-        let measured = run_world(world, &cfg, &args, dtype, true)?;
+        let measured = run_world(world, &ctx, true)?;
         report(world, &measured);
     }
     println!(
