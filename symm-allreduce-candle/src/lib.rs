@@ -46,6 +46,11 @@ use symm_allreduce::{Communicator, Config};
 pub use check::Error;
 pub use symm_allreduce;
 
+/// docs/candle.md, whose examples are compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/candle.md")]
+pub struct CandleGuide;
+
 /// One rank's communicator, shared by the ops and layers of that rank (`Clone` is a
 /// reference count). `Send + Sync`, as candle's `apply_op1` and engines' layer types need.
 #[derive(Clone)]
