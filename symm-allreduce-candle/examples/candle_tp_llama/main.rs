@@ -471,6 +471,12 @@ fn run_world(world: usize, ctx: &Ctx, with_comm: bool) -> Res<Vec<Vec<Measured>>
     let devices = (0..world)
         .map(|r| Device::new_cuda_with_stream(r % gpus))
         .collect::<Result<Vec<_>, _>>()?;
+    for d in &devices {
+        // SAFETY: every tensor of a rank is made and used on that rank's one stream, and
+        // the communicator orders its own calls; cudarc's per-buffer events would only add
+        // cross-stream waits, which a CUDA graph capture cannot contain (--graph).
+        unsafe { d.as_cuda_device()?.disable_event_tracking() };
+    }
     let comms: Vec<Option<SymmComm>> = if with_comm {
         SymmComm::local_group(&devices, Config::default())?
             .into_iter()
