@@ -158,12 +158,14 @@ fn all_gather_stacks_ranks_along_dim_0() -> Res {
     for world in WORLDS {
         for dtype in [DType::F32, DType::F16, DType::BF16, DType::U8] {
             on_ranks(world, |r, comm, dev| {
-                let (_, x) = offset_tensor(r, rows, cols, DType::F32, dev)?;
                 let x = if dtype == DType::U8 {
-                    (x + 5.0)?.to_dtype(DType::U8)?
+                    // Bytes 0..=10, still starting 2 rows into the storage.
+                    let (whole, _) = offset_tensor(r, rows, cols, DType::F32, dev)?;
+                    (whole + 5.0)?.to_dtype(DType::U8)?.narrow(0, 2, rows)?
                 } else {
-                    x.to_dtype(dtype)?
+                    offset_tensor(r, rows, cols, dtype, dev)?.1
                 };
+                assert_eq!(x.layout().start_offset(), 2 * cols);
                 let y = comm.all_gather(&x)?;
                 assert_eq!(y.dims(), &[world * rows, cols]);
                 let want: Vec<f32> = (0..world)
