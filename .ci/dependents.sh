@@ -14,6 +14,12 @@
 #       the `KernelsUnavailable` message naming the fix; then `NVCC=...` and a plain rebuild
 #       embed the kernels. The same clone as a path dependency: built without kernels, then
 #       `scripts/install-nvcc.sh` in it and a plain rebuild embed them (no `cargo clean`).
+#   (e) symm-allreduce-candle beside candle-core with `cuda`, used as candle's
+#       llama_multiprocess example uses its NCCL `AllReduce` op: a row-parallel linear layer
+#       that holds the op and applies it with `apply_op1_no_bwd`, the layer `Send + Sync`.
+#       It checks into the workspace's ./target, so candle-kernels' CUDA build from
+#       .ci/run's earlier steps is reused; it needs nvcc (scripts/install-nvcc.sh) and
+#       CUDA_COMPUTE_CAP (default 90).
 #
 # (a)-(c) are type-checking only: SYMM_ALLREDUCE_NO_KERNELS=1 tells build.rs not to run nvcc
 # (the kernels are compiled and checked by the rest of .ci/run). (d) builds and runs a small
@@ -149,5 +155,62 @@ else
     }
     step d-path d_path
 fi
+
+# (e) the candle adapter in a candle engine's layer.
+d="$tmp/dep-candle"
+mkdir -p "$d/src"
+cat > "$d/Cargo.toml" <<EOF
+[package]
+name = "dep-candle"
+version = "0.0.0"
+edition = "2021"
+publish = false
+
+[dependencies]
+candle-core = { version = "=0.11.1", features = ["cuda"] }
+candle-nn = { version = "=0.11.1", features = ["cuda"] }
+symm-allreduce-candle = { path = "$repo/symm-allreduce-candle" }
+
+[workspace]
+EOF
+cat > "$d/src/main.rs" <<'EOF'
+// A row-parallel linear layer as candle's llama_multiprocess example writes it, with the
+// NCCL `AllReduce` CustomOp1 replaced by symm-allreduce-candle's.
+use candle_core::{Result, Tensor};
+use candle_nn::{Linear, Module};
+use symm_allreduce_candle::{AllReduce, SymmComm};
+
+struct TensorParallelRowLinear {
+    linear: Linear,
+    all_reduce: AllReduce,
+}
+
+impl TensorParallelRowLinear {
+    fn new(linear: Linear, comm: &SymmComm) -> Self {
+        Self { linear, all_reduce: AllReduce::new(comm) }
+    }
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = self.linear.forward(x)?;
+        x.apply_op1_no_bwd(&self.all_reduce)
+    }
+}
+
+// Engines keep layers in Send + Sync types (threads, Arc'd pipelines).
+fn assert_send_sync<T: Send + Sync>() {}
+
+fn main() -> Result<()> {
+    assert_send_sync::<TensorParallelRowLinear>();
+    let devices = [candle_core::Device::new_cuda_with_stream(0)?];
+    let comms = SymmComm::local_group(&devices, symm_allreduce_candle::symm_allreduce::Config::default())?;
+    let w = Tensor::ones((8, 8), candle_core::DType::F32, &devices[0])?;
+    let layer = TensorParallelRowLinear::new(Linear::new(w, None), &comms[0]);
+    let y = layer.forward(&Tensor::ones((1, 8), candle_core::DType::F32, &devices[0])?)?;
+    println!("{y}");
+    Ok(())
+}
+EOF
+cp "$repo/Cargo.lock" "$d/Cargo.lock"
+step e env CARGO_TARGET_DIR="$repo/target" CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}" \
+    cargo check --quiet --manifest-path "$d/Cargo.toml"
 
 echo "dependents: every setup checks"

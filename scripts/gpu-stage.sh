@@ -20,8 +20,21 @@ export SYMM_ALLREDUCE_REQUIRE_KERNELS="${SYMM_ALLREDUCE_REQUIRE_KERNELS:-1}"
 
 rm -rf .gpu
 mkdir -p .gpu/bin
-cargo build --release --workspace --tests --benches --examples --bins --message-format=json "$@" \
-    | python3 -c '
+{
+    cargo build --release --workspace --exclude symm-allreduce-candle --tests --benches --examples --bins \
+        --message-format=json "$@"
+    # The candle adapter in its own invocation (candle's cudarc features must not reach the
+    # core crate's binaries: docs/design.md, "The candle adapter"), for sm_90, linked against
+    # the stand-ins of scripts/cuda-link-stubs.sh: the GPU machine's CUDA libraries have the
+    # same SONAMEs.
+    (
+        export PATH="$PWD/.toolchain/nvcc/nvidia/cu13/bin:$PATH"
+        export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}"
+        stubs=$(bash scripts/cuda-link-stubs.sh)
+        export LIBRARY_PATH="$stubs${LIBRARY_PATH:+:$LIBRARY_PATH}"
+        cargo build --release -p symm-allreduce-candle --tests --examples --message-format=json
+    )
+} | python3 -c '
 import json, os, shutil, sys
 staged = set()
 for line in sys.stdin:

@@ -454,6 +454,26 @@ impl Error {
     }
 }
 
+/// `?` on a cudarc driver call in code that returns this crate's [`Result`] (an embedder's
+/// own stream, event or buffer calls next to the collectives). The call is not known here:
+/// [`Error::Cuda`] names it "a cudarc driver call"; the crate's own calls name theirs.
+impl From<DriverError> for Error {
+    fn from(source: DriverError) -> Error {
+        Error::Cuda {
+            call: "a cudarc driver call",
+            source,
+        }
+    }
+}
+
+/// `?` on a cudarc NCCL call (`Comm::from_rank`, the caller's own collectives) in code that
+/// returns this crate's [`Result`]: [`Error::Nccl`], the call unnamed.
+impl From<cudarc::nccl::result::NcclError> for Error {
+    fn from(e: cudarc::nccl::result::NcclError) -> Error {
+        Error::from_cudarc_nccl("a cudarc NCCL call")(e)
+    }
+}
+
 /// Result with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -813,5 +833,34 @@ mod tests {
         };
         assert!(matches!(&p, Error::Poisoned { cause } if matches!(**cause, Error::KernelFault { code: 7 })));
         assert!(std::error::Error::source(&p).is_some());
+    }
+
+    #[test]
+    fn question_mark_converts_cudarc_errors() {
+        use cudarc::driver::sys::CUresult as Code;
+        fn driver() -> Result<()> {
+            Err(DriverError(Code::CUDA_ERROR_OUT_OF_MEMORY))?;
+            Ok(())
+        }
+        fn nccl() -> Result<()> {
+            Err(cudarc::nccl::result::NcclError(
+                cudarc::nccl::sys::ncclResult_t::ncclInvalidArgument,
+            ))?;
+            Ok(())
+        }
+        let e = driver().unwrap_err();
+        assert!(matches!(
+            e,
+            Error::Cuda {
+                source: DriverError(Code::CUDA_ERROR_OUT_OF_MEMORY),
+                ..
+            }
+        ));
+        assert!(e.to_string().contains("CUDA_ERROR_OUT_OF_MEMORY"), "{e}");
+        let e = nccl().unwrap_err();
+        assert!(
+            matches!(&e, Error::Nccl { detail, .. } if detail.contains("ncclInvalidArgument")),
+            "{e}"
+        );
     }
 }

@@ -36,6 +36,7 @@ mod digest;
 mod driver;
 mod dtype;
 mod error;
+mod events;
 mod kernels;
 mod nccl;
 mod plan;
@@ -62,10 +63,12 @@ pub use config::{
 pub use driver::probe::{context, device_count};
 pub use dtype::{DType, Element, Gatherable};
 pub use error::{BarrierPhase, Error, Result};
+/// The `tracing` target of the setup events and spans (see [`Communicator`]).
+pub use events::TARGET as TRACING_TARGET;
 pub use kernels::abi::MAX_RANKS;
 pub use kernels::norm_abi::MAX_HIDDEN;
 pub use kernels::{embedded_ptx, kernels_available, ptxas_report};
-pub use nccl::{nccl_library, nccl_teardown_failures, NcclLibraryInfo};
+pub use nccl::{nccl_library, nccl_teardown_failures, NcclLibraryInfo, SharedNcclComm};
 pub use plan::{Limits, PathDecision, Plan};
 #[doc(hidden)]
 pub use symmetric::multicast::{probe_attribute_only as __multicast_probe, VETOES as __MULTICAST_VETOES};
@@ -75,6 +78,9 @@ pub use topology::{LinkKind, PeerDecision, PeerLink, RankPlacement, Topology};
 /// Re-export of the cudarc this crate is built against (use its types for streams and
 /// buffers so that they match).
 pub use cudarc;
+/// Re-export of the `half` crate whose `f16` and `bf16` are this crate's 16-bit [`Element`]
+/// types (and cudarc's and candle's).
+pub use half;
 
 // The README's Rust examples compile (`cargo test --doc`).
 #[cfg(doctest)]

@@ -65,6 +65,9 @@ impl Fallback {
     pub(crate) fn describe(&self) -> String {
         let lib = library().map_or_else(|_| "NCCL".to_string(), |l| format!("NCCL {}", l.version()));
         match self {
+            Fallback::Cudarc { comm, .. } if comm.is_shared() => {
+                format!("{lib} through the application's shared communicator (on its stream)")
+            }
             Fallback::Cudarc { .. } => format!("{lib} through the caller's communicator (on its stream)"),
             Fallback::Raw(c) => format!("{lib} ({}) on the caller's stream", c.library().name()),
         }

@@ -21,6 +21,7 @@ use crate::bootstrap::{Bootstrap, NcclBootstrap};
 use crate::config::{Algorithm, Config};
 use crate::dtype::DType;
 use crate::error::{CudaResultExt, Error, Result};
+use crate::events;
 use crate::nccl::comm::{self, OwnedNcclComm};
 use crate::plan::explain::{explain, PathDecision};
 use crate::plan::grid::plan_all_reduce;
@@ -113,6 +114,7 @@ impl Communicator {
     /// There is no NCCL fallback (see [`Communicator::with_nccl_fallback`]): the peer kernels
     /// take every call, so setup fails where they cannot run (no peer access, several hosts).
     pub fn new(bootstrap: &dyn Bootstrap, ctx: Arc<CudaContext>, config: Config) -> Result<Communicator> {
+        let _span = events::setup_span("new", bootstrap.rank(), bootstrap.world());
         let setup = setup::run(bootstrap, ctx, config, Err(NO_NCCL), Ok(()))?;
         Communicator::assemble(setup, Err(NO_NCCL.to_string()))
     }
@@ -130,7 +132,32 @@ impl Communicator {
     /// size takes. NCCL runs on `comm`'s stream, ordered after and before the caller's stream
     /// by two events (none when the caller passes `comm.stream()`).
     pub fn from_nccl(comm: cudarc::nccl::Comm, config: Config) -> Result<Communicator> {
-        let ctx = comm.context().clone();
+        Communicator::over_callers_nccl(OwnedNcclComm::new(comm), config)
+    }
+
+    /// [`from_nccl`](Self::from_nccl) over an NCCL communicator the application keeps and
+    /// goes on using for its own collectives (as mistral.rs keeps its `Arc<Comm>`): the
+    /// Communicator holds a clone of `comm`, calls NCCL on it for the fallback, and never
+    /// aborts it. `C` is the application's handle (for example mistral.rs's `Comm`, which
+    /// dereferences to cudarc's); it is `Send + Sync` by the application's own claim that it
+    /// serialises the uses of one NCCL communicator, which holds when one thread drives the
+    /// rank. Every rank of `comm` calls this, each with the same `config`.
+    pub fn from_nccl_shared<C>(comm: Arc<C>, config: Config) -> Result<Communicator>
+    where
+        C: std::ops::Deref<Target = cudarc::nccl::Comm> + Send + Sync + 'static,
+    {
+        let comm: crate::nccl::SharedNcclComm = comm;
+        Communicator::over_callers_nccl(OwnedNcclComm::shared(comm), config)
+    }
+
+    fn over_callers_nccl(comm: OwnedNcclComm, config: Config) -> Result<Communicator> {
+        let constructor = if comm.is_shared() {
+            "from_nccl_shared"
+        } else {
+            "from_nccl"
+        };
+        let _span = events::setup_span(constructor, comm.get().rank(), comm.get().world_size());
+        let ctx = comm.get().context().clone();
         let events = ctx
             .new_event(None)
             .and_then(|fork| Ok((fork, ctx.new_event(None)?)))
@@ -139,7 +166,6 @@ impl Communicator {
             Ok(_) => Ok(()),
             Err(e) => Err(e.clone()),
         };
-        let comm = OwnedNcclComm::new(comm);
         let setup = {
             let bootstrap = NcclBootstrap::new(comm.get(), setup_timeout(&config));
             setup::run(&bootstrap, ctx, config, Ok(()), precheck)?
@@ -160,6 +186,7 @@ impl Communicator {
         ctx: Arc<CudaContext>,
         config: Config,
     ) -> Result<Communicator> {
+        let _span = events::setup_span("with_nccl_fallback", bootstrap.rank(), bootstrap.world());
         let fallback = match comm::create_over(bootstrap, &ctx, setup_timeout(&config))? {
             Ok(comm) => Ok(Fallback::Raw(comm)),
             Err(e) => Err(format!("NCCL is unavailable: {e}")),
@@ -215,6 +242,11 @@ impl Communicator {
             topology: s.topology,
             poisoned: Mutex::new(None),
         };
+        match (comm.nccl(), comm.nccl_unavailable()) {
+            (Ok(f), _) => events::nccl_fallback(Ok(&f.describe())),
+            (Err(_), why) => events::nccl_fallback(Err(why.unwrap_or("none"))),
+        }
+        events::report(|| comm.describe());
         if std::env::var(LOG_ENV).is_ok_and(|v| !v.is_empty() && v != "0") {
             use std::io::Write;
             let _ = writeln!(std::io::stderr(), "{}", comm.describe());

@@ -194,39 +194,62 @@ impl Drop for RawComm {
     }
 }
 
-/// A caller's cudarc communicator, owned by a Communicator.
-pub(crate) struct OwnedNcclComm(Option<Comm>);
+/// An NCCL communicator the application keeps using beside a Communicator (mistral.rs keeps
+/// its own for its other collectives): shared, never aborted by this crate. The application's
+/// handle type asserts, by being `Send + Sync`, that it serialises the uses of the
+/// communicator (as one rank's thread does).
+pub type SharedNcclComm = Arc<dyn std::ops::Deref<Target = Comm> + Send + Sync>;
+
+/// A caller's cudarc communicator, owned by a Communicator (`from_nccl`) or shared with the
+/// application (`from_nccl_shared`).
+pub(crate) struct OwnedNcclComm(Option<Comm>, Option<SharedNcclComm>);
 
 // SAFETY: cudarc's Comm is !Send only because it holds a raw pointer. NCCL allows a
 // communicator to move between threads as long as two threads never use it at once: every
 // collective on it is enqueued under the owning Communicator's order lock
 // (`Communicator::ordered`); the other uses through a shared reference are queries (rank,
-// world size, the async error) that NCCL allows from any thread.
+// world size, the async error) that NCCL allows from any thread. The shared variant is
+// Send + Sync by its own type's bound (the application serialises its own uses).
 unsafe impl Send for OwnedNcclComm {}
 // SAFETY: see `Send` above.
 unsafe impl Sync for OwnedNcclComm {}
 
 impl std::fmt::Debug for OwnedNcclComm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.0 {
-            Some(c) => write!(f, "cudarc Comm(rank {} of {})", c.rank(), c.world_size()),
-            None => f.write_str("cudarc Comm(dropped)"),
+        match (&self.0, &self.1) {
+            (Some(c), _) => write!(f, "cudarc Comm(rank {} of {})", c.rank(), c.world_size()),
+            (None, Some(c)) => write!(f, "shared cudarc Comm(rank {} of {})", c.rank(), c.world_size()),
+            (None, None) => f.write_str("cudarc Comm(dropped)"),
         }
     }
 }
 
 impl OwnedNcclComm {
     pub(crate) fn new(comm: Comm) -> Self {
-        OwnedNcclComm(Some(comm))
+        OwnedNcclComm(Some(comm), None)
+    }
+
+    pub(crate) fn shared(comm: SharedNcclComm) -> Self {
+        OwnedNcclComm(None, Some(comm))
+    }
+
+    /// Whether the application shares it (and keeps it alive after the Communicator).
+    pub(crate) fn is_shared(&self) -> bool {
+        self.1.is_some()
     }
 
     pub(crate) fn get(&self) -> &Comm {
-        self.0.as_ref().expect("present until drop")
+        match (&self.0, &self.1) {
+            (Some(c), _) => c,
+            (None, Some(c)) => c,
+            (None, None) => unreachable!("an owned communicator is present until drop"),
+        }
     }
 }
 
 impl Drop for OwnedNcclComm {
     fn drop(&mut self) {
+        // A shared communicator is the application's to abort: dropping the Arc only.
         let Some(comm) = self.0.take() else { return };
         // cudarc's Drop calls ncclCommAbort and panics (`expect`) if it fails, and its raw
         // handle is private, so this crate cannot call abort itself. With unwinding, the drop

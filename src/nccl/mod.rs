@@ -4,5 +4,5 @@
 pub(crate) mod comm;
 pub(crate) mod library;
 
-pub use comm::nccl_teardown_failures;
+pub use comm::{nccl_teardown_failures, SharedNcclComm};
 pub use library::{nccl_library, NcclLibraryInfo};

@@ -383,6 +383,7 @@ pub(crate) fn run(
                 Kind::Hard => vote(bootstrap, step.name, outcome)?,
                 Kind::Soft => {
                     if let Err(e) = vote_soft(bootstrap, step.name, outcome)? {
+                        crate::events::soft_step_failed(step.name, &e);
                         s.failed = Some(e);
                         continue;
                     }
@@ -398,6 +399,7 @@ pub(crate) fn run(
         (None, Some((workspace, error)), Some(kernels)) => {
             // The multicast steps (issue 12): after the peer workspace is mapped, voted.
             let mc = multicast::run(bootstrap, &s.config, s.ctx.ordinal(), &workspace, &kernels)?;
+            crate::events::peer_kernels(Ok((s.limits.one_shot_blocks, s.limits.two_shot_blocks)), false);
             Established::Peer(
                 PeerBackend::new(workspace, error, kernels, s.rank, s.world, &s.config).with_multicast(mc),
             )
@@ -405,6 +407,7 @@ pub(crate) fn run(
         (failed, _, _) => {
             let e = failed.unwrap_or_else(|| Error::malformed("setup order"));
             multicast::require_none(&s.config, &e)?;
+            crate::events::peer_kernels(Err(&e.to_string()), s.nccl.is_ok());
             if s.nccl.is_err() {
                 return Err(e);
             }

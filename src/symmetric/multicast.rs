@@ -207,6 +207,24 @@ pub(crate) fn establish(
     request: Request,
     veto: Option<String>,
 ) -> Result<Outcome> {
+    let blocked = veto.is_some();
+    let outcome = establish_steps(bootstrap, driver, request, veto);
+    match &outcome {
+        Ok(Outcome::On(m)) => crate::events::multicast(Ok(m.size()), false),
+        Ok(Outcome::Off(why)) => crate::events::multicast(Err(why), blocked),
+        Err(Error::MulticastUnavailable { reason }) => crate::events::multicast(Err(reason), blocked),
+        Err(_) => {}
+    }
+    outcome
+}
+
+/// [`establish`] without its event.
+fn establish_steps(
+    bootstrap: &dyn Bootstrap,
+    driver: Arc<dyn MulticastDriver>,
+    request: Request,
+    veto: Option<String>,
+) -> Result<Outcome> {
     let off = |why: String| -> Result<Outcome> {
         match request.mode {
             Multicast::Required => Err(Error::MulticastUnavailable { reason: why }),

@@ -387,3 +387,27 @@ fn the_counter_offsets_match_the_device_header() {
     assert_eq!(value("MC_EXPECTED_OFFSET"), MC_EXPECTED_OFFSET);
     assert_eq!(value("MC_PHASES"), MC_PHASES);
 }
+
+#[test]
+fn a_veto_reaches_a_tracing_subscriber_and_no_driver_call_is_made() {
+    let (subscriber, seen) = crate::events::recorder::subscriber();
+    let fake = FakeMulticast::new(true, G, 4 * G);
+    let hub = LocalHub::new(1, Duration::from_secs(20));
+    let veto = "TEST_ONLY_VETO=1 is set (a multicast veto)".to_string();
+    let outcome = tracing::subscriber::with_default(subscriber, || {
+        establish(
+            &hub.rank(0),
+            Arc::new(fake.for_rank(0)),
+            request(Multicast::Auto, 0),
+            Some(veto),
+        )
+    })
+    .unwrap();
+    assert!(matches!(outcome, Outcome::Off(ref why) if why.contains("TEST_ONLY_VETO")));
+    let mc = seen.decisions("multicast");
+    assert_eq!(mc.len(), 1, "{mc:?}");
+    assert_eq!(mc[0]["on"], "false");
+    assert_eq!(mc[0]["blocked"], "true");
+    assert!(mc[0]["reason"].contains("TEST_ONLY_VETO=1"));
+    assert!(fake.calls().is_empty(), "a veto makes no driver call");
+}

@@ -1,0 +1,202 @@
+//! [symm-allreduce](symm_allreduce) collectives on [`candle_core::Tensor`]s: all-reduce (out
+//! of place, or in place on the tensor's own storage), all-gather and reduce-scatter along
+//! dimension 0, and the fused all-reduce + residual add + RMSNorm; and [`AllReduce`], a
+//! `CustomOp1` that takes the place of the NCCL one in candle's `llama_multiprocess` example
+//! and in mistral.rs.
+//!
+//! Every call runs on the tensor's own CUDA stream (its device's `cuda_stream()`), takes any
+//! contiguous layout (a start offset into the storage is fine: `narrow` on dimension 0, `i`),
+//! and is CUDA-graph capturable where the communicator's call is (outputs are allocated with
+//! candle's stream-ordered allocator). CPU and Metal tensors, non-contiguous layouts, dtypes
+//! without a kernel and mixed dtypes are refused before anything runs, with an [`Error`] that
+//! says what to do (wrapped into `candle_core::Error`).
+//!
+//! ```no_run
+//! use candle_core::{DType, Device, Tensor};
+//! use symm_allreduce_candle::{AllReduce, SymmComm};
+//!
+//! # fn main() -> candle_core::Result<()> {
+//! // Two ranks on one GPU (virtual ranks), one candle device (own stream) each.
+//! let devices = [Device::new_cuda_with_stream(0)?, Device::new_cuda_with_stream(0)?];
+//! let comms = SymmComm::local_group(&devices, symm_allreduce::Config::default())?;
+//! std::thread::scope(|s| {
+//!     for (comm, dev) in comms.iter().zip(&devices) {
+//!         s.spawn(move || -> candle_core::Result<()> {
+//!             let x = Tensor::ones((8, 4096), DType::BF16, dev)?;
+//!             let sum = x.apply_op1_no_bwd(&AllReduce::new(comm))?; // every element = 2
+//!             comm.all_reduce_(&x)?; // in place
+//!             Ok(())
+//!         });
+//!     }
+//! });
+//! # Ok(()) }
+//! ```
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+mod check;
+mod ops;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use candle_core::{Device, Tensor};
+use symm_allreduce::{Communicator, Config};
+
+pub use check::Error;
+pub use symm_allreduce;
+
+/// docs/candle.md, whose examples are compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/candle.md")]
+pub struct CandleGuide;
+
+/// One rank's communicator, shared by the ops and layers of that rank (`Clone` is a
+/// reference count). `Send + Sync`, as candle's `apply_op1` and engines' layer types need.
+#[derive(Clone)]
+pub struct SymmComm {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    // TODO(issue 29 / the lead's Sync change): drop this Mutex once `Communicator: Sync`
+    // lands on main; every use below goes through `SymmComm::communicator`.
+    comm: Mutex<Communicator>,
+    rank: usize,
+    world: usize,
+}
+
+impl std::fmt::Debug for SymmComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SymmComm(rank {} of {})", self.inner.rank, self.inner.world)
+    }
+}
+
+impl From<Communicator> for SymmComm {
+    fn from(comm: Communicator) -> SymmComm {
+        SymmComm::new(comm)
+    }
+}
+
+impl SymmComm {
+    /// Wraps a communicator made by any of its constructors (`Communicator::new` over a
+    /// bootstrap, `from_nccl`, `from_nccl_shared`, `with_nccl_fallback`).
+    pub fn new(comm: Communicator) -> SymmComm {
+        let (rank, world) = (comm.rank(), comm.world_size());
+        SymmComm {
+            inner: Arc::new(Inner {
+                comm: Mutex::new(comm),
+                rank,
+                world,
+            }),
+        }
+    }
+
+    /// One communicator per device, all in this process (`Communicator::local_group`): one
+    /// rank per GPU, or several ranks on one GPU (virtual ranks: give each its own stream
+    /// with `Device::new_cuda_with_stream`).
+    pub fn local_group(devices: &[Device], config: Config) -> candle_core::Result<Vec<SymmComm>> {
+        let contexts = devices
+            .iter()
+            .map(|d| Ok(d.as_cuda_device()?.cuda_stream().context().clone()))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let comms = Communicator::local_group(&contexts, config).map_err(Error::from)?;
+        Ok(comms.into_iter().map(SymmComm::new).collect())
+    }
+
+    /// This rank's index.
+    pub fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.inner.world
+    }
+
+    /// The communicator, for its other calls (`path`, `describe`, `synchronize`, …).
+    pub fn communicator(&self) -> MutexGuard<'_, Communicator> {
+        // A panic while a call held the lock cannot leave the communicator half-updated
+        // (each call validates before it changes anything): take it back.
+        self.inner.comm.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The sum over all ranks of `x`, as a new tensor of `x`'s shape (f32, f16, bf16).
+    pub fn all_reduce(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        x.apply_op1_no_bwd(&AllReduce::new(self))
+    }
+
+    /// Sums `x` over all ranks in place: `x`'s own storage (and every tensor sharing those
+    /// elements) holds the sum afterwards.
+    pub fn all_reduce_(&self, x: &Tensor) -> candle_core::Result<()> {
+        x.inplace_op1(&AllReduce::new(self))
+    }
+
+    /// Every rank's `x` stacked along dimension 0, rank-major: `(world·d0, …)` from
+    /// `(d0, …)` (f32, f16, bf16, u8). To gather along the last dimension (a column-parallel
+    /// output), gather a `(d0, …)` view and `reshape((world, …))` + `permute`.
+    pub fn all_gather(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        x.apply_op1_no_bwd(&ops::AllGather { comm: self })
+    }
+
+    /// The sum over all ranks of `x` (`(world·n, …)`), of which this rank keeps rows
+    /// `[rank·n, (rank+1)·n)`: `(n, …)` (f32, f16, bf16).
+    pub fn reduce_scatter(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        x.apply_op1_no_bwd(&ops::ReduceScatter { comm: self })
+    }
+
+    /// The fused all-reduce + residual add + RMSNorm of tensor-parallel decoders: with this
+    /// rank's partial sums `partial` (`[…, hidden]`), `residual ← residual + Σ_ranks partial`
+    /// in place and the return value `RMSNorm(residual) · weight` (`weight`: `(hidden,)`),
+    /// in one kernel, bit-identical to [`all_reduce`](Self::all_reduce) followed by the
+    /// crate's unfused epilogue (`Communicator::residual_rmsnorm`). Every tensor has one
+    /// dtype (f32, f16, bf16); `hidden` is a multiple of 16 bytes' worth of elements (see
+    /// `symm_allreduce::MAX_HIDDEN`). Needs the peer kernels (the epilogue is theirs).
+    pub fn all_reduce_add_rmsnorm(
+        &self,
+        partial: &Tensor,
+        residual: &Tensor,
+        weight: &Tensor,
+        eps: f32,
+    ) -> candle_core::Result<Tensor> {
+        ops::fused(self, partial, residual, weight, eps)
+    }
+}
+
+/// The sum over all ranks, as a candle custom op: the drop-in for the NCCL `AllReduce` op of
+/// candle's `llama_multiprocess` example and of mistral.rs (`xs.apply_op1_no_bwd(&op)`, or
+/// [`apply`](Self::apply)); also an `InplaceOp1` (`xs.inplace_op1(&op)`), which sums in the
+/// tensor's own storage.
+#[derive(Clone, Debug)]
+pub struct AllReduce {
+    comm: SymmComm,
+}
+
+impl AllReduce {
+    /// The op over `comm` (a reference-counted clone is kept).
+    pub fn new(comm: &SymmComm) -> AllReduce {
+        AllReduce { comm: comm.clone() }
+    }
+
+    /// `xs.apply_op1_no_bwd(self)`: the sum as a new tensor.
+    pub fn apply(&self, xs: &Tensor) -> candle_core::Result<Tensor> {
+        xs.apply_op1_no_bwd(self)
+    }
+
+    /// The communicator it runs on.
+    pub fn comm(&self) -> &SymmComm {
+        &self.comm
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_handles_are_send_and_sync() {
+        fn send_sync<T: Send + Sync + 'static>() {}
+        send_sync::<SymmComm>();
+        send_sync::<AllReduce>();
+    }
+}

@@ -1,0 +1,377 @@
+//! The adapter on a GPU: W = 2, 4 and 8 virtual ranks on device 0, one candle device (its own
+//! stream) and one thread per rank. Every reduction dtype, tensors that start at an offset
+//! into their storage, in place, inside a CUDA graph, and the refusals that only a CUDA
+//! tensor reaches. Inputs are small integers, so every sum is exact in every dtype and the
+//! results are compared bit for bit with sums computed here on the host.
+//!
+//! Under libtest-mimic: without a GPU each test is reported as ignored with the reason;
+//! under REQUIRE_GPU=1 that is a failure.
+
+use std::process::ExitCode;
+
+use candle_core::{DType, Device, IndexOp, Tensor};
+use libtest_mimic::{Arguments, Failed, Trial};
+use symm_allreduce::Config;
+use symm_allreduce_candle::{AllReduce, SymmComm};
+
+const WORLDS: [usize; 3] = [2, 4, 8];
+const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+/// Why the GPU tests cannot run here, or `None`.
+fn gpu_missing() -> Option<String> {
+    match symm_allreduce::device_count() {
+        Ok(0) => Some("no CUDA device is visible".into()),
+        Ok(_) if symm_allreduce::kernels_available() => None,
+        Ok(_) => Some("the kernels were not compiled into this build (no nvcc)".into()),
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+type Res = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+/// A named GPU test.
+type Named = (&'static str, fn() -> Res);
+
+/// Runs `body(rank, comm, device)` on `world` rank threads of one local group.
+fn on_ranks(world: usize, body: impl Fn(usize, &SymmComm, &Device) -> Res + Sync) -> Res {
+    let devices = (0..world)
+        .map(|_| Device::new_cuda_with_stream(0))
+        .collect::<Result<Vec<_>, _>>()?;
+    let comms = SymmComm::local_group(&devices, Config::default())?;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .iter()
+            .zip(&devices)
+            .enumerate()
+            .map(|(r, (c, d))| {
+                let body = &body;
+                s.spawn(move || body(r, c, d))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().map_err(|_| "a rank thread panicked")?)
+            .collect::<Result<Vec<()>, _>>()
+    })?;
+    Ok(())
+}
+
+/// Rank `r`'s value at element `i`: a small integer (exact in bf16 after summing 8 ranks).
+fn value(r: usize, i: usize) -> f32 {
+    ((r * 7 + i * 3) % 11) as f32 - 5.0
+}
+
+fn host(r: usize, rows: usize, cols: usize) -> Vec<f32> {
+    (0..rows * cols).map(|i| value(r, i)).collect()
+}
+
+fn sum(world: usize, rows: usize, cols: usize) -> Vec<f32> {
+    (0..rows * cols)
+        .map(|i| (0..world).map(|r| value(r, i)).sum())
+        .collect()
+}
+
+/// Rank `r`'s `(rows, cols)` tensor of `dtype`, as rows 2.. of a larger one: it starts
+/// `2 · cols` elements into its storage. Returns (the whole tensor, the view).
+fn offset_tensor(
+    r: usize,
+    rows: usize,
+    cols: usize,
+    dtype: DType,
+    dev: &Device,
+) -> Result<(Tensor, Tensor), candle_core::Error> {
+    let mut data = vec![99f32; 2 * cols];
+    data.extend(host(r, rows, cols));
+    data.extend(vec![77f32; cols]);
+    let whole = Tensor::from_vec(data, (rows + 3, cols), dev)?.to_dtype(dtype)?;
+    let view = whole.narrow(0, 2, rows)?;
+    assert_eq!(view.layout().start_offset(), 2 * cols);
+    Ok((whole, view))
+}
+
+fn to_f32(t: &Tensor) -> Result<Vec<f32>, candle_core::Error> {
+    t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()
+}
+
+fn expect_eq(what: &str, got: &[f32], want: &[f32]) -> Res {
+    if got.len() != want.len() {
+        return Err(format!("{what}: {} elements, expected {}", got.len(), want.len()).into());
+    }
+    if let Some(i) = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+        return Err(format!("{what}: element {i} is {}, expected {}", got[i], want[i]).into());
+    }
+    Ok(())
+}
+
+fn all_reduce_op_every_dtype_from_an_offset() -> Res {
+    let (rows, cols) = (5, 1024 + 8);
+    for world in WORLDS {
+        for dtype in DTYPES {
+            on_ranks(world, |r, comm, dev| {
+                let (_, x) = offset_tensor(r, rows, cols, dtype, dev)?;
+                // The drop-in op, as llama_multiprocess and mistral.rs apply it.
+                let y = x.apply_op1_no_bwd(&AllReduce::new(comm))?;
+                assert_eq!(y.dims(), x.dims());
+                assert_eq!(y.dtype(), dtype);
+                expect_eq(
+                    &format!("W={world} {dtype:?} AllReduce"),
+                    &to_f32(&y)?,
+                    &sum(world, rows, cols),
+                )?;
+                // The input is left as it was.
+                expect_eq("the input", &to_f32(&x)?, &host(r, rows, cols))?;
+                Ok(())
+            })?;
+        }
+    }
+    Ok(())
+}
+
+fn in_place_sums_only_the_view() -> Res {
+    let (rows, cols) = (3, 4096);
+    for world in WORLDS {
+        for dtype in DTYPES {
+            on_ranks(world, |r, comm, dev| {
+                let (whole, x) = offset_tensor(r, rows, cols, dtype, dev)?;
+                comm.all_reduce_(&x)?;
+                expect_eq(
+                    &format!("W={world} {dtype:?} in place"),
+                    &to_f32(&x)?,
+                    &sum(world, rows, cols),
+                )?;
+                // The rows around the view are untouched.
+                expect_eq(
+                    "rows before",
+                    &to_f32(&whole.narrow(0, 0, 2)?)?,
+                    &vec![99.0; 2 * cols],
+                )?;
+                expect_eq("row after", &to_f32(&whole.i(rows + 2)?)?, &vec![77.0; cols])?;
+                Ok(())
+            })?;
+        }
+    }
+    Ok(())
+}
+
+fn all_gather_stacks_ranks_along_dim_0() -> Res {
+    let (rows, cols) = (2, 512);
+    for world in WORLDS {
+        for dtype in [DType::F32, DType::F16, DType::BF16, DType::U8] {
+            on_ranks(world, |r, comm, dev| {
+                let x = if dtype == DType::U8 {
+                    // Bytes 0..=10, still starting 2 rows into the storage.
+                    let (whole, _) = offset_tensor(r, rows, cols, DType::F32, dev)?;
+                    (whole + 5.0)?.to_dtype(DType::U8)?.narrow(0, 2, rows)?
+                } else {
+                    offset_tensor(r, rows, cols, dtype, dev)?.1
+                };
+                assert_eq!(x.layout().start_offset(), 2 * cols);
+                let y = comm.all_gather(&x)?;
+                assert_eq!(y.dims(), &[world * rows, cols]);
+                let want: Vec<f32> = (0..world)
+                    .flat_map(|q| host(q, rows, cols))
+                    .map(|v| if dtype == DType::U8 { v + 5.0 } else { v })
+                    .collect();
+                expect_eq(&format!("W={world} {dtype:?} all_gather"), &to_f32(&y)?, &want)
+            })?;
+        }
+    }
+    Ok(())
+}
+
+fn reduce_scatter_keeps_this_ranks_rows_of_the_sum() -> Res {
+    let cols = 256;
+    for world in WORLDS {
+        let rows = 2 * world;
+        for dtype in DTYPES {
+            on_ranks(world, |r, comm, dev| {
+                let (_, x) = offset_tensor(r, rows, cols, dtype, dev)?;
+                let y = comm.reduce_scatter(&x)?;
+                assert_eq!(y.dims(), &[2, cols]);
+                let full = sum(world, rows, cols);
+                expect_eq(
+                    &format!("W={world} {dtype:?} reduce_scatter"),
+                    &to_f32(&y)?,
+                    &full[r * 2 * cols..(r + 1) * 2 * cols],
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
+fn fused_norm_matches_the_host_and_updates_the_residual() -> Res {
+    let (tokens, hidden) = (4, 2048);
+    for world in WORLDS {
+        for dtype in DTYPES {
+            on_ranks(world, |r, comm, dev| {
+                let (_, partial) = offset_tensor(r, tokens, hidden, dtype, dev)?;
+                let residual = Tensor::ones((tokens, hidden), dtype, dev)?;
+                let weight = (Tensor::ones(hidden, dtype, dev)? * 0.5)?;
+                let normed = comm.all_reduce_add_rmsnorm(&partial, &residual, &weight, 1e-5)?;
+                // residual ← 1 + Σ partial, exactly (small integers).
+                let res_want: Vec<f32> = sum(world, tokens, hidden).iter().map(|s| s + 1.0).collect();
+                expect_eq(
+                    &format!("W={world} {dtype:?} residual"),
+                    &to_f32(&residual)?,
+                    &res_want,
+                )?;
+                // normed = 0.5 · residual / rms(residual row), against f64 on the host.
+                let got = to_f32(&normed)?;
+                let tol = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
+                for t in 0..tokens {
+                    let row = &res_want[t * hidden..(t + 1) * hidden];
+                    let rms =
+                        (row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / hidden as f64 + 1e-5).sqrt();
+                    for (i, &v) in row.iter().enumerate() {
+                        let want = 0.5 * v as f64 / rms;
+                        let g = got[t * hidden + i] as f64;
+                        if (g - want).abs() > tol * want.abs().max(1.0) {
+                            return Err(format!(
+                                "W={world} {dtype:?} rank {r}: normed[{t}][{i}] = {g}, expected {want}"
+                            )
+                            .into());
+                        }
+                    }
+                }
+                Ok(())
+            })?;
+        }
+    }
+    Ok(())
+}
+
+fn ranks_get_identical_bits_from_the_fused_call() -> Res {
+    // Random-looking fractions (not exact): every rank must still hold the same bits.
+    let (tokens, hidden) = (3, 4096);
+    let outputs = std::sync::Mutex::new(Vec::new());
+    on_ranks(4, |r, comm, dev| {
+        let partial = (Tensor::arange(0f32, (tokens * hidden) as f32, dev)?.reshape((tokens, hidden))?
+            * (0.013 + r as f64 * 0.007))?
+            .sin()?
+            .to_dtype(DType::BF16)?;
+        let residual = Tensor::ones((tokens, hidden), DType::BF16, dev)?;
+        let weight = Tensor::ones(hidden, DType::BF16, dev)?;
+        let normed = comm.all_reduce_add_rmsnorm(&partial, &residual, &weight, 1e-6)?;
+        let bits: Vec<u32> = to_f32(&normed)?.iter().map(|v| v.to_bits()).collect();
+        outputs.lock().unwrap().push(bits);
+        Ok(())
+    })?;
+    let outputs = outputs.into_inner().unwrap();
+    if outputs.windows(2).any(|w| w[0] != w[1]) {
+        return Err("ranks hold different bits".into());
+    }
+    Ok(())
+}
+
+fn in_place_all_reduce_replays_from_a_cuda_graph() -> Res {
+    use symm_allreduce::cudarc::driver::sys;
+    let (rows, cols) = (2, 1024);
+    for world in WORLDS {
+        on_ranks(world, |r, comm, dev| {
+            let (_, x) = offset_tensor(r, rows, cols, DType::F32, dev)?;
+            let stream = dev.as_cuda_device()?.cuda_stream();
+            comm.all_reduce_(&x)?; // eager: x = S
+            dev.synchronize()?;
+            stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+            let captured = comm.all_reduce_(&x);
+            let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+            captured?;
+            let graph = graph?.ok_or("empty capture")?;
+            // Every rank holds S, so each replay multiplies by W: after 3, W³ · S.
+            for _ in 0..3 {
+                graph.launch()?;
+            }
+            dev.synchronize()?;
+            let w3 = (world * world * world) as f32;
+            let want: Vec<f32> = sum(world, rows, cols).iter().map(|s| s * w3).collect();
+            expect_eq(&format!("W={world} graph replays"), &to_f32(&x)?, &want)
+        })?;
+    }
+    Ok(())
+}
+
+fn cuda_tensors_the_ops_refuse() -> Res {
+    on_ranks(2, |_, comm, dev| {
+        let x = Tensor::ones((64, 32), DType::F32, dev)?;
+        let e = comm.all_reduce(&x.t()?).unwrap_err().to_string();
+        if !e.contains("not contiguous") {
+            return Err(format!("transpose: {e}").into());
+        }
+        let e = comm.all_reduce(&x.to_dtype(DType::F64)?).unwrap_err().to_string();
+        if !e.contains("F64") || !e.contains("f32, f16, bf16") {
+            return Err(format!("f64: {e}").into());
+        }
+        let e = comm
+            .reduce_scatter(&Tensor::ones((3, 8), DType::F32, dev)?)
+            .unwrap_err()
+            .to_string();
+        if !e.contains("multiple of the world size (2)") {
+            return Err(format!("reduce_scatter rows: {e}").into());
+        }
+        let w = Tensor::ones(32, DType::BF16, dev)?;
+        let e = comm
+            .all_reduce_add_rmsnorm(&x, &x.clone(), &w, 1e-5)
+            .unwrap_err()
+            .to_string();
+        if !e.contains("dtype BF16") {
+            return Err(format!("fused dtypes: {e}").into());
+        }
+        // Every rank refused alike, and the group still works.
+        let y = comm.all_reduce(&x)?;
+        expect_eq("after refusals", &to_f32(&y)?, &vec![2.0; 64 * 32])
+    })
+}
+
+fn main() -> ExitCode {
+    let args = Arguments::from_args();
+    let missing = gpu_missing();
+    let required = std::env::var("REQUIRE_GPU").is_ok_and(|v| v == "1");
+    let tests: [Named; 8] = [
+        (
+            "all_reduce_op_every_dtype_from_an_offset",
+            all_reduce_op_every_dtype_from_an_offset,
+        ),
+        ("in_place_sums_only_the_view", in_place_sums_only_the_view),
+        (
+            "all_gather_stacks_ranks_along_dim_0",
+            all_gather_stacks_ranks_along_dim_0,
+        ),
+        (
+            "reduce_scatter_keeps_this_ranks_rows_of_the_sum",
+            reduce_scatter_keeps_this_ranks_rows_of_the_sum,
+        ),
+        (
+            "fused_norm_matches_the_host_and_updates_the_residual",
+            fused_norm_matches_the_host_and_updates_the_residual,
+        ),
+        (
+            "ranks_get_identical_bits_from_the_fused_call",
+            ranks_get_identical_bits_from_the_fused_call,
+        ),
+        (
+            "in_place_all_reduce_replays_from_a_cuda_graph",
+            in_place_all_reduce_replays_from_a_cuda_graph,
+        ),
+        ("cuda_tensors_the_ops_refuse", cuda_tensors_the_ops_refuse),
+    ];
+    let trials = tests
+        .into_iter()
+        .map(|(name, f)| {
+            let why = missing.clone();
+            let trial = Trial::test(name, move || match (&why, required) {
+                (None, _) => f().map_err(|e| Failed::from(e.to_string())),
+                (Some(why), true) => Err(Failed::from(format!("REQUIRE_GPU=1 but {why}"))),
+                (Some(_), false) => Ok(()),
+            });
+            match (&missing, required) {
+                (Some(why), false) => {
+                    println!("SKIP {name}: {why}");
+                    trial.with_ignored_flag(true)
+                }
+                _ => trial,
+            }
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit_code()
+}
