@@ -345,8 +345,11 @@ fn mixed_eager_captured_and_replayed_calls(ctx: Arc<CudaContext>) {
             (Algorithm::OneShot, 50_001),
             (Algorithm::TwoShot, 200_003),
         ] {
-            for streams_per_rank in [2usize, 3] {
-                let what = format!("W={world} {algo:?} len {len}, {streams_per_rank} streams");
+            // (2, false): eager on A, capture on B; (2, true): the capture on A itself, the
+            // stream of the eager calls before it (as a cudarc user captures); 3: a third
+            // stream for replays and eager calls.
+            for (streams_per_rank, capture_on_a) in [(2usize, false), (2, true), (3, false)] {
+                let what = format!("W={world} {algo:?} len {len}, {streams_per_rank} streams, capture on A {capture_on_a}");
                 let (comms, _) = common::group(&ctx, world, config(false));
                 let streams: Vec<Vec<Arc<CudaStream>>> = (0..world)
                     .map(|_| (0..streams_per_rank).map(|_| ctx.new_stream().unwrap()).collect())
@@ -383,10 +386,10 @@ fn mixed_eager_captured_and_replayed_calls(ctx: Arc<CudaContext>) {
                     comms[r].__delay(&streams[r][0], 30_000_000).unwrap();
                     call(r, 0, &streams[r][0], &mut d_out);
                 }
-                // 2: capture calls 1 and 2 on B.
+                // 2: capture calls 1 and 2 on B (or on A).
                 let mut graphs = Vec::new();
                 for r in 0..world {
-                    let b = &streams[r][1];
+                    let b = &streams[r][usize::from(!capture_on_a)];
                     b.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
                         .unwrap();
                     call(r, 1, b, &mut d_out);

@@ -665,6 +665,48 @@ fn pool_exhausted_and_foreign_buffers_are_typed_errors(ctx: Arc<CudaContext>) {
     // Both groups still work.
     let outs = pool_round(&other, &other_streams, &inputs).unwrap();
     verify(&inputs, &outs, "the other group's own pool").unwrap();
+    // all_reduce_pool_buffer: a pool buffer seen through another handle (a raw view of its
+    // whole allocation) is reduced zero-copy, above and in the low-latency range; another
+    // communicator's buffer, a view inside an allocation and a plain buffer are refused
+    // before anything runs.
+    for n in [1000usize, 16_000] {
+        let mut own: Vec<SymmetricTensor<f32>> = (0..2)
+            .map(|r| comms[r].alloc_symmetric::<f32>(n, &streams[r]).unwrap())
+            .collect();
+        let mut g = rng(n as u64);
+        let ins: Vec<Vec<f32>> = (0..2).map(|_| random_input(&mut g, n)).collect();
+        for r in 0..2 {
+            streams[r].memcpy_htod(&ins[r], &mut own[r]).unwrap();
+        }
+        for r in 0..2 {
+            let mut view = Raw::<f32>::of(own[r].device_address(), 0, n, &streams[r]);
+            comms[r].all_reduce_pool_buffer(&mut view, &streams[r]).unwrap();
+        }
+        sync_all(&comms, &streams).unwrap();
+        let outs: Vec<Vec<f32>> = (0..2)
+            .map(|r| {
+                let mut h = vec![0.0f32; n];
+                streams[r].memcpy_dtoh(&own[r], &mut h).unwrap();
+                h
+            })
+            .collect();
+        verify(&ins, &outs, &format!("all_reduce_pool_buffer len {n}")).unwrap();
+        let mut inside = Raw::<f32>::of(own[0].device_address(), 4, n - 4, &streams[0]);
+        assert!(matches!(
+            comms[0].all_reduce_pool_buffer(&mut inside, &streams[0]),
+            Err(Error::ForeignPoolBuffer { .. })
+        ));
+        let mut plain = streams[0].alloc_zeros::<f32>(n).unwrap();
+        assert!(matches!(
+            comms[0].all_reduce_pool_buffer(&mut plain, &streams[0]),
+            Err(Error::ForeignPoolBuffer { .. })
+        ));
+        let mut theirs = Raw::<f32>::of(foreign[0].device_address(), 0, len, &streams[0]);
+        assert!(matches!(
+            comms[0].all_reduce_pool_buffer(&mut theirs, &streams[0]),
+            Err(Error::ForeignPoolBuffer { .. })
+        ));
+    }
 }
 
 /// Ranks whose allocation sequences diverge: a zero-copy call is refused on the device by

@@ -415,6 +415,19 @@ impl PyCommunicator {
         })
     }
 
+    /// Zero-copy in-place sum of a buffer of this communicator's symmetric pool (a tensor
+    /// made from `alloc_symmetric`'s capsule): every rank calls it with its buffer of the same
+    /// allocation; anything else is refused (`ForeignPoolBuffer`) before anything runs.
+    fn all_reduce_pool(&self, buffer: TensorArg, stream: usize) -> PyResult<()> {
+        let kind = tensor::same_dtype(&[(&buffer, "buffer")])?;
+        let s = self.stream(stream)?;
+        let comm = self.comm()?;
+        with_element!(kind, T => {
+            let mut buf = self.raw::<T>(&buffer, "buffer", &s)?;
+            comm.all_reduce_pool_buffer(&mut buf, &s).map_err(raise)
+        })
+    }
+
     /// Gathers every rank's `input` into `output`, rank-major.
     fn all_gather(&self, input: TensorArg, output: TensorArg, stream: usize) -> PyResult<()> {
         let kind = tensor::same_dtype(&[(&input, "input"), (&output, "output")])?;

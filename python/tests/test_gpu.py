@@ -256,10 +256,20 @@ def test_alloc_symmetric_zero_copy(world, n):
     assert g.comms[0]._native.pool_free()[0] < free_before
     for t, x in zip(ts, xs):
         t.copy_(x)
-    g.run(lambda r, c: c.all_reduce(ts[r], ts[r]))
+    g.run(lambda r, c: c.all_reduce(ts[r], ts[r]))  # an ordinary (copied-in) in-place call
     expected = emulate(xs)
     for t in ts:
         assert_bits(t, expected)
+    for t, x in zip(ts, xs):
+        t.copy_(x)
+    g.run(lambda r, c: c.all_reduce_pool(ts[r]))  # zero-copy (low-latency in its range)
+    for t in ts:
+        assert_bits(t, expected)
+    # A tensor that is not a pool allocation is refused before anything runs; the
+    # communicator stays usable.
+    plain = xs[0].clone()
+    with pytest.raises(sar.InvalidCallError):
+        g.comms[0].all_reduce_pool(plain)
     del t
     ts.clear()  # every rank frees in the same order
     assert g.comms[0]._native.pool_free()[0] == free_before

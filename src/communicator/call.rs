@@ -143,7 +143,38 @@ impl Communicator {
         self.check_usable()?;
         let tag = self.pool_tag(buffer)?;
         let (len, ptr) = (buffer.len(), buffer.device_address());
-        let shape = CallShape::in_place(T::DTYPE, len, ptr, self.device(), stream.context().ordinal());
+        self.pool_in_place::<T>((len, ptr, self.device()), tag, stream)
+    }
+
+    /// [`all_reduce_pool`](Self::all_reduce_pool) on a pool buffer seen through another
+    /// handle than its [`SymmetricTensor`] (a DLPack tensor of the Python package, say):
+    /// `buffer` must start where one of this communicator's live pool allocations starts, with
+    /// that allocation's dtype, and fit in it; anything else is [`Error::ForeignPoolBuffer`],
+    /// before anything is launched. The call is what makes it zero-copy (every rank makes
+    /// it), never where the pointer lies.
+    pub fn all_reduce_pool_buffer<T: Element>(
+        &self,
+        buffer: &mut impl DevicePtrMut<T>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.check_usable()?;
+        let (len, device) = (buffer.len(), buffer.stream().context().ordinal());
+        let book = self.bookkeeping(stream)?;
+        let (ptr, write) = buffer.device_ptr_mut(book);
+        let _records = self.settle(book, stream, write)?;
+        let tag = self.pool_tag_at(ptr, len, T::DTYPE)?;
+        self.pool_in_place::<T>((len, ptr, device), tag, stream)
+    }
+
+    /// The zero-copy in-place call on `len` elements of a pool buffer at `ptr` (on `device`)
+    /// with its tag.
+    fn pool_in_place<T: Element>(
+        &self,
+        (len, ptr, device): (usize, u64, usize),
+        tag: u64,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let shape = CallShape::in_place(T::DTYPE, len, ptr, device, stream.context().ordinal());
         validate_lengths(&shape)?;
         let route = self.route(CallKind::Pool, len, T::DTYPE, Algorithm::Auto)?;
         self.run::<T>(&shape, &route, tag, stream)

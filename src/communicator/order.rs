@@ -11,15 +11,20 @@
 //! - An eager call waits for `serial` on its stream and records it after its launch.
 //! - A captured call puts the same into its graph: the first call of a capture adds an
 //!   event-wait node for `serial` in front of it (the external flag: the wait happens at each
-//!   launch of the graph, for whatever `serial` marks then), and a record node of `serial`
-//!   hangs off the capture's newest call. Later calls of the same capture are ordered after
-//!   the first by the capture itself; the record node is moved to depend on each new call, so
-//!   it is always the graph's last call of this communicator. The record node is off the
-//!   capture's frontier, so consecutive calls in a graph stay adjacent kernel nodes
-//!   (Programmatic Dependent Launch keeps working between them).
-//! - Until the first capture, eager calls skip all of this while they stay on one stream, and
-//!   order a switch of streams with the event (recorded on the old stream, waited for by the
-//!   new one): the single-stream eager path costs no driver call.
+//!   launch of the graph, for whatever `serial` marks then), and every call of the capture
+//!   adds a record node of `serial` after itself and after the capture's previous record
+//!   node: the record nodes form a chain, so the last one to run is the one after the
+//!   graph's last call of this communicator. Later calls of the same capture are ordered
+//!   after the first by the capture itself. The record nodes are off the capture's frontier,
+//!   so consecutive calls in a graph stay adjacent kernel nodes (Programmatic Dependent Launch
+//!   keeps working between them). (Moving one record node along instead, with
+//!   `cuGraphRemoveDependencies`, is refused during some captures: `CUDA_ERROR_NOT_SUPPORTED`
+//!   under candle's capture.)
+//! - Every eager call records `serial` after its launch (never on a capturing stream: an
+//!   event recorded inside a capture cannot be waited for eagerly later, which is what broke
+//!   a capture on the same stream as the eager calls before it). Until the first capture an
+//!   eager call waits for `serial` only when it comes on another stream than the previous
+//!   call.
 //!
 //! This is what NCCL does for its calls mixed with graphs (`NCCL_GRAPH_MIXING_SUPPORT`),
 //! except that NCCL chains a record node after every captured call.
@@ -36,11 +41,11 @@ use crate::error::{Error, Result};
 pub(super) struct StreamOrder {
     /// The stream of the last eager call (the one `Drop` waits for).
     last: Option<Arc<CudaStream>>,
-    /// Marks the end of the most recently enqueued call, once `mixing`.
+    /// Marks the end of the most recently enqueued call.
     serial: CudaEvent,
     /// Joins two streams of one capture.
     scratch: CudaEvent,
-    /// Set by the first captured call: from then on every call waits for and records `serial`.
+    /// Set by the first captured call: from then on every eager call waits for `serial`.
     mixing: bool,
     /// The captures in progress that hold calls of this communicator.
     captures: Vec<CaptureTail>,
@@ -53,7 +58,6 @@ struct CaptureTail {
     graph: GraphHandles,
     stream: Arc<CudaStream>,
     record: NodeHandle,
-    after: Vec<NodeHandle>,
 }
 
 /// A graph handle kept between calls.
@@ -68,14 +72,6 @@ struct NodeHandle(sys::CUgraphNode);
 unsafe impl Send for GraphHandles {}
 // SAFETY: as above.
 unsafe impl Send for NodeHandle {}
-
-fn handles(nodes: &[sys::CUgraphNode]) -> Vec<NodeHandle> {
-    nodes.iter().copied().map(NodeHandle).collect()
-}
-
-fn raw(nodes: &[NodeHandle]) -> Vec<sys::CUgraphNode> {
-    nodes.iter().map(|n| n.0).collect()
-}
 
 impl StreamOrder {
     pub(super) fn new(serial: CudaEvent, scratch: CudaEvent) -> StreamOrder {
@@ -105,17 +101,12 @@ impl StreamOrder {
 
     fn eager(&mut self, stream: &Arc<CudaStream>, launch: impl FnOnce() -> Result<()>) -> Result<()> {
         let order = |e: cudarc::driver::DriverError| Error::StreamOrder { source: e };
-        if self.mixing {
+        let switched = self.last.as_ref().is_some_and(|l| l.cu_stream() != stream.cu_stream());
+        if self.mixing || switched {
             stream.wait(&self.serial).map_err(order)?;
-            launch()?;
-            self.serial.record(stream).map_err(order)?;
-        } else {
-            if let Some(last) = self.last.as_ref().filter(|l| l.cu_stream() != stream.cu_stream()) {
-                self.serial.record(last).map_err(order)?;
-                stream.wait(&self.serial).map_err(order)?;
-            }
-            launch()?;
         }
+        launch()?;
+        self.serial.record(stream).map_err(order)?;
         self.last = Some(stream.clone());
         Ok(())
     }
@@ -136,19 +127,14 @@ impl StreamOrder {
                 stream.wait(&self.scratch).map_err(order)?;
             }
             launch()?;
-            let after = graph::capture_frontier(stream.cu_stream())?;
-            graph::move_dependencies(graph.0, tail.record.0, &raw(&tail.after), &after)?;
-            tail.after = handles(&after);
+            let mut after = graph::capture_frontier(stream.cu_stream())?;
+            after.push(tail.record.0);
+            tail.record = NodeHandle(graph::add_record_node(graph.0, &after, self.serial.cu_event())?);
             tail.stream = stream.clone();
             return Ok(());
         }
-        if !self.mixing {
-            // From now on `serial` marks every call; mark the last eager one.
-            if let Some(last) = &self.last {
-                self.serial.record(last).map_err(order)?;
-            }
-            self.mixing = true;
-        }
+        // From now on every eager call waits for `serial` too (a replay may come between).
+        self.mixing = true;
         graph::wait_external(stream.cu_stream(), self.serial.cu_event())?;
         launch()?;
         let after = graph::capture_frontier(stream.cu_stream())?;
@@ -158,7 +144,6 @@ impl StreamOrder {
             graph,
             stream: stream.clone(),
             record: NodeHandle(record),
-            after: handles(&after),
         });
         Ok(())
     }

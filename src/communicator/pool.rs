@@ -45,6 +45,12 @@ impl Pool {
         }))
     }
 
+    /// The live allocation that starts at this rank's address `addr`, if any.
+    fn region_at(&self, addr: u64) -> Option<Region> {
+        let offset = usize::try_from(addr.checked_sub(self.base)?).ok()?;
+        self.lock().region_at(offset)
+    }
+
     fn lock(&self) -> MutexGuard<'_, Allocator> {
         // A panic while holding the lock cannot leave the allocator half-updated in a way
         // that matters more than losing the pool: keep going with its state.
@@ -196,6 +202,23 @@ impl Communicator {
             (None, Paths::Peer { .. }) => Err(Error::Unsupported {
                 ordinal: self.device(),
                 reason: "the symmetric pool is off (Config::pool_bytes is 0)".into(),
+            }),
+        }
+    }
+
+    /// The pool tag of a zero-copy call on `len` elements of `dtype` at this rank's address
+    /// `addr`, which must be the start of a live allocation of this communicator's pool of
+    /// that dtype and at least that size (what [`alloc_symmetric`](Self::alloc_symmetric)
+    /// returned, seen through another handle: a DLPack tensor, say); otherwise
+    /// [`Error::ForeignPoolBuffer`].
+    pub(crate) fn pool_tag_at(&self, addr: u64, len: usize, dtype: DType) -> Result<u64> {
+        let pool = self.pool()?;
+        let bytes = len.saturating_mul(dtype.size());
+        match pool.region_at(addr) {
+            Some(region) if region.dtype == dtype_code(dtype) && bytes <= region.bytes => Ok(tag(&region, 0, bytes)),
+            _ => Err(Error::ForeignPoolBuffer {
+                expected: pool.id,
+                found: 0,
             }),
         }
     }

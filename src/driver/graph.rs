@@ -102,35 +102,3 @@ pub(crate) fn add_record_node(
     check(code, "cuGraphAddEventRecordNode")?;
     Ok(node)
 }
-
-/// Moves `node`'s dependencies from `old` to `new` (full, default edges).
-pub(crate) fn move_dependencies(
-    graph: sys::CUgraph,
-    node: sys::CUgraphNode,
-    old: &[sys::CUgraphNode],
-    new: &[sys::CUgraphNode],
-) -> Result<()> {
-    for (nodes, add) in [(old, false), (new, true)] {
-        for from in nodes {
-            // SAFETY: `graph` is being captured (edge changes are allowed; node removal is
-            // not, and none happens); `from` and `node` are nodes of it; null edge data means
-            // a default (full) dependency.
-            let code = unsafe {
-                if add {
-                    sys::cuGraphAddDependencies_v2(graph, from, &node, std::ptr::null(), 1)
-                } else {
-                    sys::cuGraphRemoveDependencies_v2(graph, from, &node, std::ptr::null(), 1)
-                }
-            };
-            check(
-                code,
-                if add {
-                    "cuGraphAddDependencies"
-                } else {
-                    "cuGraphRemoveDependencies"
-                },
-            )?;
-        }
-    }
-    Ok(())
-}

@@ -87,6 +87,12 @@ impl Allocator {
         Ok(region)
     }
 
+    /// The live region that starts at `offset`, if any (no allocation).
+    pub(crate) fn region_at(&self, offset: usize) -> Option<Region> {
+        let at = self.live.binary_search_by_key(&offset, |r| r.offset).ok()?;
+        Some(self.live[at])
+    }
+
     /// Returns the region at `offset` (a no-op if none is live there).
     pub(crate) fn free(&mut self, offset: usize) {
         let Ok(at) = self.live.binary_search_by_key(&offset, |r| r.offset) else {
@@ -155,6 +161,18 @@ fn mix(mut z: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn region_at_finds_live_regions_by_their_start_only() {
+        let mut a = Allocator::new(4096);
+        let r0 = a.alloc(512, 0).unwrap();
+        let r1 = a.alloc(1024, 2).unwrap();
+        assert_eq!(a.region_at(r0.offset), Some(r0));
+        assert_eq!(a.region_at(r1.offset), Some(r1));
+        assert_eq!(a.region_at(r1.offset + 16), None, "inside a region is not its start");
+        a.free(r0.offset);
+        assert_eq!(a.region_at(r0.offset), None, "freed");
+    }
 
     #[test]
     fn first_fit_aligns_and_numbers_allocations() {

@@ -44,6 +44,35 @@ use candle_core::{Device, Tensor};
 use symm_allreduce::{Communicator, Config};
 
 pub use check::Error;
+
+/// Keeps the memory of `device`'s stream-ordered pool (the pool candle's CUDA allocations come
+/// from) once it has grown, instead of handing it back at every synchronisation. Call it on
+/// every rank's device when several ranks share one GPU (virtual ranks, tests): an allocation
+/// that has to grow the pool again can then wait for a peer's collective, which waits for
+/// this rank, until the communicator's timeout. A device that is not CUDA is candle's error.
+pub fn keep_pool_memory(device: &candle_core::Device) -> candle_core::Result<()> {
+    use symm_allreduce::cudarc::driver::sys;
+    let cuda = device.as_cuda_device()?;
+    let ctx = cuda.cuda_stream().context().clone();
+    ctx.bind_to_thread().map_err(candle_core::Error::wrap)?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut keep: u64 = u64::MAX;
+    // SAFETY: the device's context is current; `pool` and `keep` are valid locals; the release
+    // threshold attribute takes a u64.
+    let code = unsafe {
+        let got = sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device());
+        if got != sys::CUresult::CUDA_SUCCESS {
+            got
+        } else {
+            sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut keep as *mut u64).cast(),
+            )
+        }
+    };
+    code.result().map_err(candle_core::Error::wrap)
+}
 pub use symm_allreduce;
 
 /// docs/candle.md, whose examples are compiled as doctests.

@@ -37,6 +37,12 @@ fn on_ranks(world: usize, body: impl Fn(usize, &SymmComm, &Device) -> Res + Sync
     let devices = (0..world)
         .map(|_| Device::new_cuda_with_stream(0))
         .collect::<Result<Vec<_>, _>>()?;
+    // Every candle kernel the tests use runs once on every rank's device before any
+    // collective: with virtual ranks on one GPU, CUDA's lazy module loading at a kernel's first
+    // launch can wait on a peer's collective that waits for this rank (a timeout).
+    for dev in &devices {
+        warm_up(dev)?;
+    }
     let comms = SymmComm::local_group(&devices, Config::default())?;
     std::thread::scope(|s| {
         let handles: Vec<_> = comms
@@ -53,6 +59,27 @@ fn on_ranks(world: usize, body: impl Fn(usize, &SymmComm, &Device) -> Res + Sync
             .map(|h| h.join().map_err(|_| "a rank thread panicked")?)
             .collect::<Result<Vec<()>, _>>()
     })?;
+    Ok(())
+}
+
+/// Runs the candle kernels the tests use (fills, casts between every dtype, a strided copy)
+/// once on `dev` and waits for them.
+fn warm_up(dev: &Device) -> Res {
+    symm_allreduce_candle::keep_pool_memory(dev)?;
+    // Grow the pool once, before any collective.
+    drop(Tensor::zeros((64 << 20) / 4, DType::F32, dev)?);
+    for dtype in DTYPES {
+        let t = Tensor::from_vec(vec![1f32; 48], (6, 8), dev)?.to_dtype(dtype)?;
+        let _ = Tensor::zeros((6, 8), dtype, dev)?;
+        let _ = Tensor::ones((6, 8), dtype, dev)?;
+        let v = t.narrow(0, 2, 3)?.contiguous()?;
+        for other in DTYPES {
+            let _ = v.to_dtype(other)?.flatten_all()?.to_vec1::<f32>().ok();
+        }
+        let _ = (&t + &t)?.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+        let _ = (&t * 0.5)?.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+    }
+    dev.synchronize()?;
     Ok(())
 }
 

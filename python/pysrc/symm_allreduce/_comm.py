@@ -236,13 +236,22 @@ class SymmAllReduce:
         self, inp: torch.Tensor, out: torch.Tensor | None = None, *, algorithm: str = "auto"
     ) -> torch.Tensor:
         """``out ← Σ_ranks inp`` (a new tensor of ``inp``'s shape when ``out`` is None; ``out``
-        may be ``inp`` for an in-place sum, zero-copy when ``inp`` is an
-        :meth:`alloc_symmetric` tensor)."""
+        may be ``inp`` for an in-place sum; an :meth:`alloc_symmetric` tensor is reduced like
+        any tensor)."""
         native = self._live()
         if out is None:
             out = _torch().empty(inp.shape, dtype=inp.dtype, device=inp.device)
         native.all_reduce(describe(inp), describe(out), _stream(self._device), algorithm)
         return out
+
+    def all_reduce_pool(self, t: torch.Tensor) -> torch.Tensor:
+        """``t ← Σ_ranks t`` in place, zero-copy, for a tensor from :meth:`alloc_symmetric`
+        (the whole tensor): every rank calls it with its tensor of the same allocation. In the
+        low-latency range it takes the low-latency kernel, above it the zero-copy kernel that
+        reads every rank's copy in place. Any other tensor raises ``InvalidCallError``
+        (``ForeignPoolBuffer``) before anything runs."""
+        self._live().all_reduce_pool(describe(t), _stream(self._device))
+        return t
 
     def all_gather(self, inp: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Every rank's ``inp`` stacked rank-major: shape ``(world, *inp.shape)`` by default
@@ -314,9 +323,10 @@ class SymmAllReduce:
         return out
 
     def alloc_symmetric(self, shape: int | Sequence[int], dtype: Any) -> torch.Tensor:
-        """A tensor over this communicator's symmetric pool (``pool_bytes``): ``all_reduce(t,
-        t)`` on it is zero-copy. Collective: every rank allocates (and frees, by dropping the
-        tensors) in the same order with the same shapes."""
+        """A tensor over this communicator's symmetric pool (``pool_bytes``), mapped by every
+        rank: :meth:`all_reduce_pool` reduces it zero-copy (:meth:`all_reduce` like any
+        tensor). Collective: every rank allocates (and frees, by dropping the tensors) in the
+        same order with the same shapes."""
         native = self._live()
         dims = [int(shape)] if isinstance(shape, int) else [int(s) for s in shape]
         capsule = native.alloc_symmetric(dims, str(dtype))

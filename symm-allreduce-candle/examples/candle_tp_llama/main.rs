@@ -425,15 +425,22 @@ fn rank_main(
     let args = ctx.args;
     let max_batch = args.batches.iter().copied().max().unwrap_or(1);
     let max_len = args.prompt + args.steps + 1;
+    // Ranks share the GPU: candle's allocations must not have to grow the memory pool again
+    // while a peer's collective waits for this rank.
+    symm_allreduce_candle::keep_pool_memory(&dev)?;
     let model = Model::new(ctx, &dev, (rank, world), max_batch, max_len)?;
     dev.synchronize()?;
     barrier.wait();
     let mut out = Vec::new();
     for &batch in &args.batches {
+        // Compute only first: every kernel of this batch's step (candle's, cuBLAS's) is then
+        // loaded before any collective runs. With virtual ranks on one GPU, CUDA's lazy module
+        // loading can otherwise wait on a peer's collective that waits for this rank: a
+        // timeout (README, Troubleshooting).
         let mut modes = vec![(Mode::ComputeOnly, None)];
         if let Some(c) = &comm {
-            modes.insert(0, (Mode::Fused, Some(c)));
-            modes.insert(1, (Mode::Unfused, Some(c)));
+            modes.push((Mode::Fused, Some(c)));
+            modes.push((Mode::Unfused, Some(c)));
         }
         if let Some(n) = &nccl {
             modes.push((Mode::Nccl, Some(n)));
