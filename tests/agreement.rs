@@ -18,6 +18,7 @@
 //!   bit, event tracking off and on.
 //!
 //! Run by [`common::harness`] (`harness = false`).
+#![allow(clippy::needless_range_loop)] // ranks index several parallel vectors
 
 mod common;
 
@@ -248,7 +249,12 @@ fn rank_local_choices(ctx: Arc<CudaContext>) {
 
 /// `calls[r]` on rank r (length and whether f16 instead of bf16): every rank fails within
 /// twice the timeout.
-fn expect_failure_everywhere(ctx: &Arc<CudaContext>, what: &str, calls: &[(usize, bool, Algorithm)], check: bool) {
+fn expect_failure_everywhere(
+    ctx: &Arc<CudaContext>,
+    what: &str,
+    calls: &[(usize, bool, Algorithm)],
+    check: bool,
+) {
     let world = calls.len();
     let (comms, streams) = common::group(ctx, world, config(check));
     let started = Instant::now();
@@ -265,8 +271,7 @@ fn expect_failure_everywhere(ctx: &Arc<CudaContext>, what: &str, calls: &[(usize
         } else {
             let x: CudaSlice<bf16> = s.clone_htod(&vec![bf16::ONE; len]).unwrap();
             let mut y: CudaSlice<bf16> = s.alloc_zeros(len).unwrap();
-            let r = comms[r].all_reduce_with(&x, &mut y, s, algo);
-            r
+            comms[r].all_reduce_with(&x, &mut y, s, algo)
         };
         errors.push(launched.err());
     }
@@ -349,7 +354,9 @@ fn mixed_eager_captured_and_replayed_calls(ctx: Arc<CudaContext>) {
             // stream of the eager calls before it (as a cudarc user captures); 3: a third
             // stream for replays and eager calls.
             for (streams_per_rank, capture_on_a) in [(2usize, false), (2, true), (3, false)] {
-                let what = format!("W={world} {algo:?} len {len}, {streams_per_rank} streams, capture on A {capture_on_a}");
+                let what = format!(
+                    "W={world} {algo:?} len {len}, {streams_per_rank} streams, capture on A {capture_on_a}"
+                );
                 let (comms, _) = common::group(&ctx, world, config(false));
                 let streams: Vec<Vec<Arc<CudaStream>>> = (0..world)
                     .map(|_| (0..streams_per_rank).map(|_| ctx.new_stream().unwrap()).collect())

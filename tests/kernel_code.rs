@@ -239,8 +239,9 @@ fn ptxas_reports_no_spills_and_no_stack_frame() {
         .lines()
         .filter(|l| l.trim_start().starts_with(".visible .entry "))
         .count();
-    // 16 kernels × 3 dtypes, the empty kernel, the sync floor, the spin and the producer.
-    assert_eq!(entries, 16 * 3 + 4, "entry points in the PTX");
+    // 16 kernels × 3 dtypes, the empty kernel, the sync floor, the spin, the producer and the
+    // PDL consumer.
+    assert_eq!(entries, 16 * 3 + 5, "entry points in the PTX");
     // The multimem kernels (`symm_<kernel>_mm_<dtype>`, min-arch 90) have sm_90 SASS only.
     let sm90_only = symm_allreduce::embedded_ptx()
         .lines()

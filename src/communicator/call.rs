@@ -316,25 +316,9 @@ impl Communicator {
         dst: &mut impl DevicePtrMut<T>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let shape = CallShape {
-            dtype: T::DTYPE,
-            input_len: src.len(),
-            output_len: dst.len(),
-            input_addr: 0,
-            output_addr: 0,
-            input_device: src.stream().context().ordinal(),
-            output_device: dst.stream().context().ordinal(),
-            stream_device: stream.context().ordinal(),
-        };
-        validate_lengths(&shape)?;
-        validate_placement(&shape, self.device(), false)?;
-        let peer = self.peer()?;
-        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
-        let book = self.bookkeeping(stream)?;
-        let (src_ptr, read) = src.device_ptr(book);
-        let (dst_ptr, write) = dst.device_ptr_mut(book);
-        let _records = self.settle(book, stream, (read, write))?;
-        peer.launch_producer(src_ptr, dst_ptr, shape.input_len * T::DTYPE.size(), stream)
+        self.local_copy(src, dst, stream, |peer, (s, d, bytes)| {
+            peer.launch_producer(s, d, bytes, stream)
+        })
     }
 
     /// Test hook: copies `src` into `dst` with a consumer kernel launched with programmatic
@@ -342,8 +326,8 @@ impl Communicator {
     /// situation of a PDL-aware kernel after a collective). With `waits` it calls
     /// `griddepcontrol.wait` before reading, as the PDL contract asks; without, it reads at
     /// once, which sees the collective's complete output only with `Config::pdl_at_exit`.
-    /// Not a call of the group. [`Error::LengthMismatch`] or [`Error::WrongDevice`] before
-    /// anything is launched.
+    /// Not a call of the group. [`Error::Empty`], [`Error::LengthMismatch`] or
+    /// [`Error::WrongDevice`] before anything is launched.
     #[doc(hidden)]
     pub fn __launch_consumer<T: Element>(
         &self,
@@ -351,6 +335,21 @@ impl Communicator {
         dst: &mut impl DevicePtrMut<T>,
         waits: bool,
         stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.local_copy(src, dst, stream, |peer, (s, d, bytes)| {
+            peer.launch_consumer(s, d, bytes, waits, stream)
+        })
+    }
+
+    /// The two copy hooks' common part: lengths and devices checked, the buffers' addresses
+    /// taken through the bookkeeping, then `launch(peer, (src, dst, bytes))` (a local kernel,
+    /// not a call of the group).
+    fn local_copy<T: Element>(
+        &self,
+        src: &impl DevicePtr<T>,
+        dst: &mut impl DevicePtrMut<T>,
+        stream: &Arc<CudaStream>,
+        launch: impl FnOnce(&crate::backend::peer::PeerBackend, (u64, u64, usize)) -> Result<()>,
     ) -> Result<()> {
         let shape = CallShape {
             dtype: T::DTYPE,
@@ -370,7 +369,7 @@ impl Communicator {
         let (src_ptr, read) = src.device_ptr(book);
         let (dst_ptr, write) = dst.device_ptr_mut(book);
         let _records = self.settle(book, stream, (read, write))?;
-        peer.launch_consumer(src_ptr, dst_ptr, shape.input_len * T::DTYPE.size(), waits, stream)
+        launch(peer, (src_ptr, dst_ptr, shape.input_len * T::DTYPE.size()))
     }
 
     /// Test hook: sets this rank's device call counter (every rank must be given the same

@@ -101,7 +101,10 @@ impl StreamOrder {
 
     fn eager(&mut self, stream: &Arc<CudaStream>, launch: impl FnOnce() -> Result<()>) -> Result<()> {
         let order = |e: cudarc::driver::DriverError| Error::StreamOrder { source: e };
-        let switched = self.last.as_ref().is_some_and(|l| l.cu_stream() != stream.cu_stream());
+        let switched = self
+            .last
+            .as_ref()
+            .is_some_and(|l| l.cu_stream() != stream.cu_stream());
         if self.mixing || switched {
             stream.wait(&self.serial).map_err(order)?;
         }

@@ -215,7 +215,9 @@ impl Communicator {
         let pool = self.pool()?;
         let bytes = len.saturating_mul(dtype.size());
         match pool.region_at(addr) {
-            Some(region) if region.dtype == dtype_code(dtype) && bytes <= region.bytes => Ok(tag(&region, 0, bytes)),
+            Some(region) if region.dtype == dtype_code(dtype) && bytes <= region.bytes => {
+                Ok(tag(&region, 0, bytes))
+            }
             _ => Err(Error::ForeignPoolBuffer {
                 expected: pool.id,
                 found: 0,

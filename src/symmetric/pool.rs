@@ -169,7 +169,11 @@ mod tests {
         let r1 = a.alloc(1024, 2).unwrap();
         assert_eq!(a.region_at(r0.offset), Some(r0));
         assert_eq!(a.region_at(r1.offset), Some(r1));
-        assert_eq!(a.region_at(r1.offset + 16), None, "inside a region is not its start");
+        assert_eq!(
+            a.region_at(r1.offset + 16),
+            None,
+            "inside a region is not its start"
+        );
         a.free(r0.offset);
         assert_eq!(a.region_at(r0.offset), None, "freed");
     }
