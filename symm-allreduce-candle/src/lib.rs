@@ -45,33 +45,42 @@ use symm_allreduce::{Communicator, Config};
 
 pub use check::Error;
 
-/// Keeps the memory of `device`'s stream-ordered pool (the pool candle's CUDA allocations come
-/// from) once it has grown, instead of handing it back at every synchronisation. Call it on
-/// every rank's device when several ranks share one GPU (virtual ranks, tests): an allocation
-/// that has to grow the pool again can then wait for a peer's collective, which waits for
-/// this rank, until the communicator's timeout. A device that is not CUDA is candle's error.
-pub fn keep_pool_memory(device: &candle_core::Device) -> candle_core::Result<()> {
+/// Prepares `device`'s stream-ordered memory pool (the pool candle's CUDA allocations come
+/// from) for several ranks sharing one GPU (virtual ranks, tests): an allocation on one
+/// rank's stream must never wait for another rank's stream. By default CUDA may hand a buffer
+/// freed on rank A's stream to an allocation on rank B's stream by making B's stream wait for
+/// A's (`CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES`): if A's stream holds a collective
+/// that waits for B, B's collective is then queued behind it, and both time out. This turns
+/// that reuse off (reuse after the free has completed stays) and keeps the pool's memory once
+/// it has grown. Call it on every rank's device before the first collective; with one rank per
+/// GPU it is not needed. A device that is not CUDA is candle's error.
+pub fn prepare_shared_gpu(device: &candle_core::Device) -> candle_core::Result<()> {
     use symm_allreduce::cudarc::driver::sys;
     let cuda = device.as_cuda_device()?;
     let ctx = cuda.cuda_stream().context().clone();
     ctx.bind_to_thread().map_err(candle_core::Error::wrap)?;
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: the device's context is current; `pool` is a valid out-pointer.
+    let got = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) };
+    got.result().map_err(candle_core::Error::wrap)?;
+    let mut no: std::ffi::c_int = 0;
     let mut keep: u64 = u64::MAX;
-    // SAFETY: the device's context is current; `pool` and `keep` are valid locals; the release
-    // threshold attribute takes a u64.
-    let code = unsafe {
-        let got = sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device());
-        if got != sys::CUresult::CUDA_SUCCESS {
-            got
-        } else {
-            sys::cuMemPoolSetAttribute(
-                pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                (&mut keep as *mut u64).cast(),
-            )
-        }
-    };
-    code.result().map_err(candle_core::Error::wrap)
+    for (attr, value) in [
+        (
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+            (&mut no as *mut std::ffi::c_int).cast::<std::ffi::c_void>(),
+        ),
+        (
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut keep as *mut u64).cast::<std::ffi::c_void>(),
+        ),
+    ] {
+        // SAFETY: `pool` is the device's live default pool; the reuse attribute takes an int,
+        // the release threshold a u64, each pointed to by `value`, which outlives the call.
+        let code = unsafe { sys::cuMemPoolSetAttribute(pool, attr, value) };
+        code.result().map_err(candle_core::Error::wrap)?;
+    }
+    Ok(())
 }
 pub use symm_allreduce;
 

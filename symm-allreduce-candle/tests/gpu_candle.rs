@@ -65,7 +65,7 @@ fn on_ranks(world: usize, body: impl Fn(usize, &SymmComm, &Device) -> Res + Sync
 /// Runs the candle kernels the tests use (fills, casts between every dtype, a strided copy)
 /// once on `dev` and waits for them.
 fn warm_up(dev: &Device) -> Res {
-    symm_allreduce_candle::keep_pool_memory(dev)?;
+    symm_allreduce_candle::prepare_shared_gpu(dev)?;
     // Grow the pool once, before any collective.
     drop(Tensor::zeros((64 << 20) / 4, DType::F32, dev)?);
     for dtype in DTYPES {

@@ -425,9 +425,9 @@ fn rank_main(
     let args = ctx.args;
     let max_batch = args.batches.iter().copied().max().unwrap_or(1);
     let max_len = args.prompt + args.steps + 1;
-    // Ranks share the GPU: candle's allocations must not have to grow the memory pool again
-    // while a peer's collective waits for this rank.
-    symm_allreduce_candle::keep_pool_memory(&dev)?;
+    // Ranks share the GPU: an allocation on this rank's stream must never wait for a peer's
+    // stream, which may hold a collective that waits for this rank.
+    symm_allreduce_candle::prepare_shared_gpu(&dev)?;
     let model = Model::new(ctx, &dev, (rank, world), max_batch, max_len)?;
     dev.synchronize()?;
     barrier.wait();
