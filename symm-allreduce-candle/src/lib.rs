@@ -38,7 +38,7 @@
 mod check;
 mod ops;
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 use symm_allreduce::{Communicator, Config};
@@ -93,20 +93,12 @@ pub struct CandleGuide;
 /// reference count). `Send + Sync`, as candle's `apply_op1` and engines' layer types need.
 #[derive(Clone)]
 pub struct SymmComm {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    // TODO(issue 29 / the lead's Sync change): drop this Mutex once `Communicator: Sync`
-    // lands on main; every use below goes through `SymmComm::communicator`.
-    comm: Mutex<Communicator>,
-    rank: usize,
-    world: usize,
+    comm: Arc<Communicator>,
 }
 
 impl std::fmt::Debug for SymmComm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SymmComm(rank {} of {})", self.inner.rank, self.inner.world)
+        write!(f, "SymmComm(rank {} of {})", self.rank(), self.world_size())
     }
 }
 
@@ -120,14 +112,7 @@ impl SymmComm {
     /// Wraps a communicator made by any of its constructors (`Communicator::new` over a
     /// bootstrap, `from_nccl`, `from_nccl_shared`, `with_nccl_fallback`).
     pub fn new(comm: Communicator) -> SymmComm {
-        let (rank, world) = (comm.rank(), comm.world_size());
-        SymmComm {
-            inner: Arc::new(Inner {
-                comm: Mutex::new(comm),
-                rank,
-                world,
-            }),
-        }
+        SymmComm { comm: Arc::new(comm) }
     }
 
     /// One communicator per device, all in this process (`Communicator::local_group`): one
@@ -144,19 +129,17 @@ impl SymmComm {
 
     /// This rank's index.
     pub fn rank(&self) -> usize {
-        self.inner.rank
+        self.comm.rank()
     }
 
     /// Number of ranks.
     pub fn world_size(&self) -> usize {
-        self.inner.world
+        self.comm.world_size()
     }
 
     /// The communicator, for its other calls (`path`, `describe`, `synchronize`, …).
-    pub fn communicator(&self) -> MutexGuard<'_, Communicator> {
-        // A panic while a call held the lock cannot leave the communicator half-updated
-        // (each call validates before it changes anything): take it back.
-        self.inner.comm.lock().unwrap_or_else(|p| p.into_inner())
+    pub fn communicator(&self) -> &Communicator {
+        &self.comm
     }
 
     /// The sum over all ranks of `x`, as a new tensor of `x`'s shape (f32, f16, bf16).

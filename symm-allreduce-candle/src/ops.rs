@@ -3,13 +3,13 @@
 //! the device's stream-ordered allocator, so a call is capturable in a CUDA graph as the
 //! communicator's call is.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::{CudaDType, CudaStorage};
 use candle_core::op::BackpropOp;
 use candle_core::{CpuStorage, CustomOp1, DType, InplaceOp1, InplaceOp3, Layout, Shape, Storage, Tensor};
-use symm_allreduce::cudarc::driver::{CudaSlice, DeviceRepr};
+use symm_allreduce::cudarc::driver::{CudaSlice, CudaStream, CudaView, DeviceRepr};
 use symm_allreduce::half::{bf16, f16};
 use symm_allreduce::{Element, Gatherable};
 
@@ -47,21 +47,38 @@ fn alloc<T: DeviceRepr>(s: &CudaStorage, len: usize) -> candle_core::Result<Cuda
     unsafe { s.device().alloc::<T>(len) }
 }
 
-fn all_reduce_into<T: Element + CudaDType>(
+/// The out-of-place step every collective op shares: the tensor's elements
+/// `start..end` of `s` as the input, a new buffer of `out_len` elements as the output, and
+/// `call(communicator, input, output, stream)` on the tensor's own stream.
+fn collective_into<T: CudaDType + DeviceRepr>(
+    op: &'static str,
     comm: &SymmComm,
     s: &CudaStorage,
     (start, end): (usize, usize),
+    out_len: usize,
+    call: impl FnOnce(
+        &symm_allreduce::Communicator,
+        &CudaView<'_, T>,
+        &mut CudaSlice<T>,
+        &Arc<CudaStream>,
+    ) -> symm_allreduce::Result<()>,
 ) -> candle_core::Result<CudaStorage> {
     let input = s.as_cuda_slice::<T>()?;
-    let input = input
-        .try_slice(start..end)
-        .ok_or_else(|| out_of_range(ALL_REDUCE))?;
-    let mut out = alloc::<T>(s, end - start)?;
+    let input = input.try_slice(start..end).ok_or_else(|| out_of_range(op))?;
+    let mut out = alloc::<T>(s, out_len)?;
     let stream = s.device().cuda_stream();
-    comm.communicator()
-        .all_reduce(&input, &mut out, &stream)
-        .map_err(Error::from)?;
+    call(comm.communicator(), &input, &mut out, &stream).map_err(Error::from)?;
     Ok(CudaStorage::wrap_cuda_slice(out, s.device().clone()))
+}
+
+fn all_reduce_into<T: Element + CudaDType>(
+    comm: &SymmComm,
+    s: &CudaStorage,
+    range: (usize, usize),
+) -> candle_core::Result<CudaStorage> {
+    collective_into::<T>(ALL_REDUCE, comm, s, range, range.1 - range.0, |c, i, o, st| {
+        c.all_reduce(i, o, st)
+    })
 }
 
 fn all_reduce_in_place<T: Element + CudaDType>(
@@ -129,18 +146,12 @@ pub(crate) struct AllGather<'a> {
 fn all_gather_into<T: Gatherable + CudaDType>(
     comm: &SymmComm,
     s: &CudaStorage,
-    (start, end): (usize, usize),
+    range: (usize, usize),
 ) -> candle_core::Result<CudaStorage> {
-    let input = s.as_cuda_slice::<T>()?;
-    let input = input
-        .try_slice(start..end)
-        .ok_or_else(|| out_of_range(ALL_GATHER))?;
-    let mut out = alloc::<T>(s, (end - start) * comm.world_size())?;
-    let stream = s.device().cuda_stream();
-    comm.communicator()
-        .all_gather(&input, &mut out, &stream)
-        .map_err(Error::from)?;
-    Ok(CudaStorage::wrap_cuda_slice(out, s.device().clone()))
+    let out_len = (range.1 - range.0) * comm.world_size();
+    collective_into::<T>(ALL_GATHER, comm, s, range, out_len, |c, i, o, st| {
+        c.all_gather(i, o, st)
+    })
 }
 
 impl CustomOp1 for AllGather<'_> {
@@ -180,18 +191,12 @@ pub(crate) struct ReduceScatter<'a> {
 fn reduce_scatter_into<T: Element + CudaDType>(
     comm: &SymmComm,
     s: &CudaStorage,
-    (start, end): (usize, usize),
+    range: (usize, usize),
 ) -> candle_core::Result<CudaStorage> {
-    let input = s.as_cuda_slice::<T>()?;
-    let input = input
-        .try_slice(start..end)
-        .ok_or_else(|| out_of_range(REDUCE_SCATTER))?;
-    let mut out = alloc::<T>(s, (end - start) / comm.world_size())?;
-    let stream = s.device().cuda_stream();
-    comm.communicator()
-        .reduce_scatter(&input, &mut out, &stream)
-        .map_err(Error::from)?;
-    Ok(CudaStorage::wrap_cuda_slice(out, s.device().clone()))
+    let out_len = (range.1 - range.0) / comm.world_size();
+    collective_into::<T>(REDUCE_SCATTER, comm, s, range, out_len, |c, i, o, st| {
+        c.reduce_scatter(i, o, st)
+    })
 }
 
 impl CustomOp1 for ReduceScatter<'_> {
