@@ -342,6 +342,19 @@ impl SocketStore {
         )
     }
 
+    /// A leaf's send to rank 0 failed. Rank 0 closes a connection right after it refuses or
+    /// aborts it, so the send can fail before the leaf reads why: a frame already queued on the
+    /// socket is read (without waiting) and reported in place of the bare failure.
+    fn leaf_send_failed(&self, root: &UnixStream, e: io::Error) -> Error {
+        let queued = read_frame(root, Instant::now() + Duration::from_millis(20));
+        match queued {
+            Ok((header, payload)) if matches!(header.kind, Kind::Refused | Kind::Abort) => {
+                self.unexpected(header, &payload, header.kind, header.seq)
+            }
+            _ => self.io_failure(0, e),
+        }
+    }
+
     /// A frame a leaf received from rank 0 that is not the expected answer.
     fn unexpected(&self, header: Header, payload: &[u8], expected: Kind, seq: u64) -> Error {
         if header.kind == Kind::Refused {
@@ -418,7 +431,7 @@ impl Bootstrap for SocketStore {
             }
             Links::Leaf(root) => {
                 send_frame_with_fds(root, Kind::Fd, seq, &[], &[own.as_fd()], deadline)
-                    .map_err(|e| self.io_failure(0, e))?;
+                    .map_err(|e| self.leaf_send_failed(root, e))?;
                 drop(own);
                 let (header, payload, fds) =
                     recv_frame_with_fds(root, deadline, self.world).map_err(|e| self.io_failure(0, e))?;
@@ -476,7 +489,8 @@ impl SocketStore {
                 Ok(parts)
             }
             Links::Leaf(root) => {
-                write_frame(root, Kind::Bytes, seq, bytes, deadline).map_err(|e| self.io_failure(0, e))?;
+                write_frame(root, Kind::Bytes, seq, bytes, deadline)
+                    .map_err(|e| self.leaf_send_failed(root, e))?;
                 let (header, payload) = read_frame(root, deadline).map_err(|e| self.io_failure(0, e))?;
                 if check_sequence(&header, Kind::Gathered, seq).is_err() {
                     return Err(self.unexpected(header, &payload, Kind::Gathered, seq));
@@ -1119,6 +1133,27 @@ mod tests {
             "{}",
             errors[1]
         );
+    }
+
+    #[test]
+    fn a_refusal_is_reported_even_when_the_leaf_sends_after_rank_0_closed() {
+        // Rank 0 refuses and closes before the leaf's first exchange: the leaf's send fails
+        // (EPIPE), yet the refusal queued on its socket is what it reports.
+        let (leaf_end, root_end) = UnixStream::pair().unwrap();
+        refuse(&root_end, "the launch secret does not match");
+        drop(root_end);
+        let store = SocketStore {
+            rank: 1,
+            world: 2,
+            timeout: Duration::from_secs(1),
+            links: Links::Leaf(leaf_end),
+            seq: Cell::new(0),
+            broken: RefCell::new(None),
+            step: Cell::new(("joining", Instant::now())),
+        };
+        let e = store.all_gather(b"x").unwrap_err();
+        assert!(matches!(e, Error::PeerRefused { .. }), "{e}");
+        assert!(e.to_string().contains("secret"), "{e}");
     }
 
     #[test]
