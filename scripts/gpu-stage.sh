@@ -14,6 +14,10 @@
 # your benchmark or profiling commands there, e.g. `.gpu/bin/bin-symm-bench --quick` or
 # `.gpu/bin/bench-host_overhead --bench`).
 # It exits non-zero when any test binary or after.sh failed.
+#
+# The device tool carries at most 64 MiB of ignored files; the staged tree is larger. With
+# GPU_STAGE_PACK=1 the script also packs .gpu/ (symbols stripped) into .gpux/gpu.tar.xz:
+# carry `.gpux` and run `tar -xJf .gpux/gpu.tar.xz && bash .gpu/run.sh` there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export SYMM_ALLREDUCE_REQUIRE_KERNELS="${SYMM_ALLREDUCE_REQUIRE_KERNELS:-1}"
@@ -95,3 +99,16 @@ exit $rc
 RUN
 chmod +x .gpu/run.sh
 echo "staged: $(ls .gpu/bin | wc -l) binaries, $(du -sh .gpu | cut -f1); on the GPU machine: bash .gpu/run.sh"
+if [ "${GPU_STAGE_PACK:-0}" = 1 ]; then
+    for f in .gpu/bin/*; do
+        strip --strip-unneeded "$f" 2>/dev/null || true
+    done
+    mkdir -p .gpux
+    tar -cf - .gpu | xz -T0 -6 > .gpux/gpu.tar.xz
+    size=$(stat -c %s .gpux/gpu.tar.xz)
+    echo "packed: .gpux/gpu.tar.xz, $((size >> 20)) MiB (carry .gpux; there: tar -xJf .gpux/gpu.tar.xz && bash .gpu/run.sh)"
+    if [ "$size" -gt $((64 << 20)) ]; then
+        echo "gpu-stage: the pack is over the 64 MiB the device tool carries" >&2
+        exit 1
+    fi
+fi
