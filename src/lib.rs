@@ -58,7 +58,8 @@ pub use bootstrap::{
 pub use communicator::{Communicator, SymmetricTensor, LOG_ENV};
 pub use config::{
     validate_world, Algorithm, Config, Crossovers, FusedCrossovers, Measured, Multicast, TuningProblem,
-    TuningTable, CHECK_ENV, TUNING_ENV, TUNING_FORMAT, TUNING_OLDEST_VERSION, TUNING_VERSION, VERSION,
+    TuningTable, CHECK_ENV, NCCL_WINDOWS_ENV, TUNING_ENV, TUNING_FORMAT, TUNING_OLDEST_VERSION,
+    TUNING_VERSION, VERSION,
 };
 pub use driver::probe::{context, device_count};
 pub use dtype::{DType, Element, Gatherable};
