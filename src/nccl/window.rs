@@ -523,8 +523,8 @@ mod tests {
                 // One host allocation per rank stands in for the pool (the same size on every
                 // rank, as NCCL requires): input and output in it.
                 let mut pool = vec![0u8; total + total + 64];
-                for i in 0..counts[rank] {
-                    pool[i] = pattern(rank, i);
+                for (i, byte) in pool[..counts[rank]].iter_mut().enumerate() {
+                    *byte = pattern(rank, i);
                 }
                 let base = pool.as_mut_ptr() as u64;
                 let bytes = pool.len();
