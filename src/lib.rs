@@ -69,7 +69,7 @@ pub use events::TARGET as TRACING_TARGET;
 pub use kernels::abi::MAX_RANKS;
 pub use kernels::norm_abi::MAX_HIDDEN;
 pub use kernels::{embedded_ptx, kernels_available, ptxas_report};
-pub use nccl::{nccl_library, nccl_teardown_failures, NcclLibraryInfo, SharedNcclComm};
+pub use nccl::{nccl_group, nccl_library, nccl_teardown_failures, NcclLibraryInfo, SharedNcclComm};
 pub use plan::{Limits, PathDecision, Plan};
 #[doc(hidden)]
 pub use symmetric::multicast::{probe_attribute_only as __multicast_probe, VETOES as __MULTICAST_VETOES};
