@@ -235,10 +235,10 @@ impl Communicator {
             Ok(Fallback::Cudarc { .. }) => return Ok(Windows::off(CALLERS_NCCL_NO_WINDOWS)),
             Err(why) => return Ok(Windows::off(format!("no NCCL fallback ({why})"))),
         };
-        let layout = peer.layout();
-        let ptr = peer.workspace().base() + (s.rank * layout.alloc_bytes) as u64;
-        let region = crate::driver::vmm::address_range(ptr)
-            .and_then(|range| window::check_region(ptr, layout.alloc_bytes, range));
+        let region = peer
+            .workspace()
+            .own_mapping(s.rank)
+            .and_then(|((ptr, bytes), range)| window::check_region(ptr, bytes, range));
         window::register_over(bootstrap, comm, region)
     }
 
