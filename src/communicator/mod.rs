@@ -299,6 +299,7 @@ impl Communicator {
             (Ok(f), _) => events::nccl_fallback(Ok(&f.describe())),
             (Err(_), why) => events::nccl_fallback(Err(why.unwrap_or("none"))),
         }
+        events::nccl_windows(comm.nccl_windows_unavailable());
         events::report(|| comm.describe());
         if std::env::var(LOG_ENV).is_ok_and(|v| !v.is_empty() && v != "0") {
             use std::io::Write;
