@@ -84,7 +84,7 @@ pub(crate) fn check_region(ptr: u64, bytes: usize, range: (u64, usize)) -> Resul
     let fail = |detail: String| {
         Err(Error::Nccl {
             call: "ncclCommWindowRegister",
-            detail,
+            detail: format!("not called: {detail}"),
         })
     };
     if range != (ptr, bytes) {
@@ -178,7 +178,7 @@ pub(crate) fn register_over(
         .windows()
         .map_err(|why| Error::Nccl {
             call: "ncclCommWindowRegister",
-            detail: why.to_string(),
+            detail: format!("not called: {why}"),
         })
         .and(region);
     let region = match vote_soft(bootstrap, CHECK_STEP, local)? {
