@@ -221,6 +221,12 @@ pub struct Config {
     /// buffers from (rounded up to 256 bytes; 0: no pool). Each rank allocates this much
     /// besides the workspace; every peer maps it. The pool does not grow (docs/pool.md).
     pub pool_bytes: usize,
+    /// Register each rank's symmetric allocation (the symmetric buffer and the pool) as an
+    /// NCCL window at setup (default `true`), on a communicator made by
+    /// [`crate::Communicator::with_nccl_fallback`] with NCCL 2.27 or newer: calls routed to NCCL
+    /// on those buffers then run NCCL's symmetric kernels where NCCL has one for the call
+    /// (docs/nccl-windows.md). [`NCCL_WINDOWS_ENV`]`=0` turns it off.
+    pub nccl_windows: bool,
 }
 
 /// The thresholds `Auto` routes one (dtype, world) by, resolved from the configuration and
@@ -257,6 +263,10 @@ pub(crate) enum FusedLimit {
 /// setup; the ranks compare their settings, so set it for all of them.
 pub const CHECK_ENV: &str = "SYMM_ALLREDUCE_CHECK";
 
+/// Environment variable: `0` turns [`Config::nccl_windows`] off. Read by every rank at setup;
+/// the ranks compare their settings, so set it for all of them.
+pub const NCCL_WINDOWS_ENV: &str = "SYMM_ALLREDUCE_NCCL_WINDOWS";
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -275,6 +285,7 @@ impl Default for Config {
             multicast: Multicast::Off,
             reproducible: true,
             pool_bytes: 64 << 20,
+            nccl_windows: true,
         }
     }
 }
@@ -289,11 +300,15 @@ const fn published_one_shot_max(world: usize) -> usize {
 }
 
 impl Config {
-    /// This configuration with the environment's switches applied ([`CHECK_ENV`]); every
-    /// constructor uses it, before the ranks compare their configurations.
+    /// This configuration with the environment's switches applied ([`CHECK_ENV`],
+    /// [`NCCL_WINDOWS_ENV`]); every constructor uses it, before the ranks compare their
+    /// configurations.
     pub(crate) fn with_environment(mut self) -> Config {
         if std::env::var(CHECK_ENV).is_ok_and(|v| v == "1") {
             self.check_divergence = true;
+        }
+        if std::env::var(NCCL_WINDOWS_ENV).is_ok_and(|v| v == "0") {
+            self.nccl_windows = false;
         }
         self
     }
@@ -547,6 +562,7 @@ impl Config {
             multicast,
             reproducible,
             pool_bytes,
+            nccl_windows,
         } = self;
         let mut w = Writer::with_capacity(64);
         w.put(capacity_bytes)
@@ -562,7 +578,8 @@ impl Config {
             .put(check_divergence)
             .put(&(*multicast as u8))
             .put(reproducible)
-            .put(pool_bytes);
+            .put(pool_bytes)
+            .put(nccl_windows);
         let fields = w.finish();
         let digest = tuning.as_ref().map_or(0u64, TuningTable::digest);
         Writer::with_capacity(fields.len() + 16)

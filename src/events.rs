@@ -74,6 +74,16 @@ pub(crate) fn nccl_fallback(verdict: Result<&str, &str>) {
     }
 }
 
+/// The NCCL windows over the symmetric memory: on, or why not (docs/nccl-windows.md).
+pub(crate) fn nccl_windows(unavailable: Option<&str>) {
+    match unavailable {
+        None => info!(target: TARGET, decision = "nccl_windows", on = true, "NCCL windows on"),
+        Some(reason) => {
+            info!(target: TARGET, decision = "nccl_windows", on = false, reason, "no NCCL windows")
+        }
+    }
+}
+
 /// The whole setup report, built only when a subscriber takes debug events of this target.
 pub(crate) fn report(describe: impl FnOnce() -> String) {
     if tracing::enabled!(target: TARGET, tracing::Level::DEBUG) {

@@ -58,7 +58,8 @@ pub use bootstrap::{
 pub use communicator::{Communicator, SymmetricTensor, LOG_ENV};
 pub use config::{
     validate_world, Algorithm, Config, Crossovers, FusedCrossovers, Measured, Multicast, TuningProblem,
-    TuningTable, CHECK_ENV, TUNING_ENV, TUNING_FORMAT, TUNING_OLDEST_VERSION, TUNING_VERSION, VERSION,
+    TuningTable, CHECK_ENV, NCCL_WINDOWS_ENV, TUNING_ENV, TUNING_FORMAT, TUNING_OLDEST_VERSION,
+    TUNING_VERSION, VERSION,
 };
 pub use driver::probe::{context, device_count};
 pub use dtype::{DType, Element, Gatherable};
@@ -68,7 +69,7 @@ pub use events::TARGET as TRACING_TARGET;
 pub use kernels::abi::MAX_RANKS;
 pub use kernels::norm_abi::MAX_HIDDEN;
 pub use kernels::{embedded_ptx, kernels_available, ptxas_report};
-pub use nccl::{nccl_library, nccl_teardown_failures, NcclLibraryInfo, SharedNcclComm};
+pub use nccl::{nccl_group, nccl_library, nccl_teardown_failures, NcclLibraryInfo, SharedNcclComm};
 pub use plan::{Limits, PathDecision, Plan};
 #[doc(hidden)]
 pub use symmetric::multicast::{probe_attribute_only as __multicast_probe, VETOES as __MULTICAST_VETOES};

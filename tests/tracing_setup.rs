@@ -57,6 +57,12 @@ fn a_local_group_reports_peer_kernels_no_fallback_and_the_multicast_veto(ctx: Ar
         assert_eq!(e["on"], "false", "{e:?}");
         assert!(e["reason"].contains("without NCCL"), "{e:?}");
     }
+    let windows = seen.decisions("nccl_windows");
+    assert_eq!(windows.len(), world, "{windows:?}");
+    for e in &windows {
+        assert_eq!(e["on"], "false", "{e:?}");
+        assert!(e["reason"].contains("without NCCL"), "{e:?}");
+    }
     let mc = seen.decisions("multicast");
     assert_eq!(mc.len(), world, "{mc:?}");
     for e in &mc {

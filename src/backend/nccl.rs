@@ -148,7 +148,7 @@ impl Fallback {
             Fallback::Raw(c) => {
                 c.async_error()?;
                 // SAFETY: live communicator; the caller validated the ranges; live stream.
-                unsafe { c.all_gather_v_bytes(input, output, counts, stream) }
+                unsafe { c.all_gather_v_bytes(input, output, counts, stream.cu_stream()) }
             }
             Fallback::Cudarc { comm, fork, join } => on_nccl_stream(comm.get(), fork, join, stream, |s| {
                 let broadcasts = || {

@@ -23,6 +23,7 @@ use crate::dtype::DType;
 use crate::error::{CudaResultExt, Error, Result};
 use crate::events;
 use crate::nccl::comm::{self, OwnedNcclComm};
+use crate::nccl::window::{self, Windowed, Windows};
 use crate::plan::explain::{explain, PathDecision};
 use crate::plan::grid::plan_all_reduce;
 use crate::plan::route::{route, CallKind, PathFacts, Route};
@@ -35,6 +36,14 @@ use crate::topology::Topology;
 /// NCCL fallback.
 const NO_NCCL: &str = "the communicator was created without NCCL (Communicator::new or local_group)";
 
+/// Why a communicator over the caller's cudarc communicator has no NCCL windows.
+const CALLERS_NCCL_NO_WINDOWS: &str =
+    "the fallback is the caller's cudarc communicator, whose raw handle cudarc does \
+     not expose; Communicator::with_nccl_fallback creates one that registers windows";
+
+/// Why a communicator without the peer kernels has no NCCL windows.
+const NCCL_ONLY_NO_WINDOWS: &str = "the peer kernels are not set up: no symmetric allocation to register";
+
 /// Environment variable: when set (and not `0`), every rank prints its
 /// [`Communicator::describe`] report to stderr once set up.
 pub const LOG_ENV: &str = "SYMM_ALLREDUCE_LOG";
@@ -45,9 +54,11 @@ pub const LOG_ENV: &str = "SYMM_ALLREDUCE_LOG";
 #[allow(clippy::large_enum_variant)]
 enum Paths {
     /// The peer kernels take the calls routed to them; NCCL, if there is a fallback, the
-    /// rest. Field order is drop order: the workspace is unmapped before NCCL is aborted.
+    /// rest. Field order is drop order: the NCCL window over the workspace is deregistered
+    /// (`Windowed`), then the workspace is released (unmapped once the pool's buffers are
+    /// gone too), then NCCL is aborted.
     Peer {
-        peer: PeerBackend,
+        peer: Windowed<PeerBackend>,
         nccl: std::result::Result<Fallback, String>,
     },
     /// Every call goes to NCCL (`why`: the peer kernels could not be set up); the stand-in
@@ -116,7 +127,7 @@ impl Communicator {
     pub fn new(bootstrap: &dyn Bootstrap, ctx: Arc<CudaContext>, config: Config) -> Result<Communicator> {
         let _span = events::setup_span("new", bootstrap.rank(), bootstrap.world());
         let setup = setup::run(bootstrap, ctx, config, Err(NO_NCCL), Ok(()))?;
-        Communicator::assemble(setup, Err(NO_NCCL.to_string()))
+        Communicator::assemble(setup, Err(NO_NCCL.to_string()), Windows::off(NO_NCCL))
     }
 
     /// Builds a communicator over an NCCL communicator the application already has (one
@@ -171,7 +182,11 @@ impl Communicator {
             setup::run(&bootstrap, ctx, config, Ok(()), precheck)?
         };
         let (fork, join) = events?;
-        Communicator::assemble(setup, Ok(Fallback::Cudarc { comm, fork, join }))
+        Communicator::assemble(
+            setup,
+            Ok(Fallback::Cudarc { comm, fork, join }),
+            Windows::off(CALLERS_NCCL_NO_WINDOWS),
+        )
     }
 
     /// [`Communicator::new`] plus an NCCL communicator of its own for the fallback, created
@@ -193,12 +208,50 @@ impl Communicator {
         };
         let nccl = fallback.as_ref().map(|_| ()).map_err(String::as_str);
         let setup = setup::run(bootstrap, ctx, config, nccl, Ok(()))?;
-        Communicator::assemble(setup, fallback)
+        let windows = Communicator::register_windows(bootstrap, &setup, &fallback)?;
+        Communicator::assemble(setup, fallback, windows)
     }
 
-    fn assemble(s: Setup, nccl: std::result::Result<Fallback, String>) -> Result<Communicator> {
+    /// The NCCL window over this rank's symmetric allocation, registered by every rank
+    /// together (voted: [`window::register_over`]), or why there is none. Every rank takes the
+    /// same branch here: the configuration, the setup outcome and the fallback are agreed.
+    fn register_windows(
+        bootstrap: &dyn Bootstrap,
+        s: &Setup,
+        fallback: &std::result::Result<Fallback, String>,
+    ) -> Result<Windows> {
+        if !s.config.nccl_windows {
+            return Ok(Windows::off(format!(
+                "Config::nccl_windows is false (or {}=0)",
+                crate::config::NCCL_WINDOWS_ENV
+            )));
+        }
+        let peer = match &s.established {
+            Established::Peer(peer) => peer,
+            Established::NcclOnly { .. } => return Ok(Windows::off(NCCL_ONLY_NO_WINDOWS)),
+        };
+        let comm = match fallback {
+            Ok(Fallback::Raw(comm)) => comm,
+            Ok(Fallback::Cudarc { .. }) => return Ok(Windows::off(CALLERS_NCCL_NO_WINDOWS)),
+            Err(why) => return Ok(Windows::off(format!("no NCCL fallback ({why})"))),
+        };
+        let region = peer
+            .workspace()
+            .own_mapping(s.rank)
+            .and_then(|((ptr, bytes), range)| window::check_region(ptr, bytes, range));
+        window::register_over(bootstrap, comm, region)
+    }
+
+    fn assemble(
+        s: Setup,
+        nccl: std::result::Result<Fallback, String>,
+        windows: Windows,
+    ) -> Result<Communicator> {
         let paths = match (s.established, nccl) {
-            (Established::Peer(peer), nccl) => Paths::Peer { peer, nccl },
+            (Established::Peer(peer), nccl) => Paths::Peer {
+                peer: Windowed::new(peer, windows),
+                nccl,
+            },
             (Established::NcclOnly { standin, why }, Ok(nccl)) => Paths::NcclOnly { standin, nccl, why },
             // Setup returns its error instead of `NcclOnly` when no fallback will be attached.
             (Established::NcclOnly { why, .. }, Err(no_nccl)) => {
@@ -246,6 +299,7 @@ impl Communicator {
             (Ok(f), _) => events::nccl_fallback(Ok(&f.describe())),
             (Err(_), why) => events::nccl_fallback(Err(why.unwrap_or("none"))),
         }
+        events::nccl_windows(comm.nccl_windows_unavailable());
         events::report(|| comm.describe());
         if std::env::var(LOG_ENV).is_ok_and(|v| !v.is_empty() && v != "0") {
             use std::io::Write;
@@ -405,6 +459,22 @@ impl Communicator {
         synced.and(closed)
     }
 
+    /// Whether this rank's symmetric allocation (the symmetric buffer and the pool) is
+    /// registered as an NCCL window, so that calls routed to NCCL on those buffers may run
+    /// NCCL's symmetric kernels (docs/nccl-windows.md).
+    pub fn has_nccl_windows(&self) -> bool {
+        self.nccl_windows_unavailable().is_none()
+    }
+
+    /// Why there is no NCCL window, if there is none (the setup step that failed and why,
+    /// NCCL older than 2.27, `Config::nccl_windows`, no fallback of this crate's own).
+    pub fn nccl_windows_unavailable(&self) -> Option<&str> {
+        match &self.paths {
+            Paths::Peer { peer, .. } => peer.windows().unavailable(),
+            Paths::NcclOnly { .. } => Some(NCCL_ONLY_NO_WINDOWS),
+        }
+    }
+
     /// Whether calls can go to NCCL.
     pub fn has_nccl_fallback(&self) -> bool {
         self.facts().nccl.is_ok()
@@ -470,6 +540,10 @@ impl Communicator {
             (Err(_), Some(why)) => format!("NCCL fallback: none ({why})\n"),
             (Err(_), None) => "NCCL fallback: none\n".to_string(),
         };
+        s += &match &self.paths {
+            Paths::Peer { peer, .. } => format!("NCCL windows: {}\n", peer.windows().describe()),
+            Paths::NcclOnly { .. } => format!("NCCL windows: off ({NCCL_ONLY_NO_WINDOWS})\n"),
+        };
         s += &self.config.tuning_summary(self.world);
         s.push('\n');
         let sizes = [
@@ -500,7 +574,7 @@ impl Communicator {
 
     fn peer(&self) -> Result<&PeerBackend> {
         match &self.paths {
-            Paths::Peer { peer, .. } => Ok(peer),
+            Paths::Peer { peer, .. } => Ok(&**peer),
             Paths::NcclOnly { why, .. } => Err(Error::Unsupported {
                 ordinal: self.device(),
                 reason: format!("the peer kernels are not set up: {why}"),

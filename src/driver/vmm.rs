@@ -203,6 +203,17 @@ impl Drop for PeerMapping {
     }
 }
 
+/// The base and size of the mapping that holds `ptr` (`cuMemGetAddressRange`).
+pub(crate) fn address_range(ptr: u64) -> Result<(u64, usize)> {
+    let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+    check(
+        // SAFETY: valid out-pointers; any address is accepted (an unmapped one is an error).
+        unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) },
+        "cuMemGetAddressRange",
+    )?;
+    Ok((base, size))
+}
+
 /// Copies `bytes` at `ptr` to the host (synchronous; test hooks only).
 pub(crate) fn read(ptr: u64, bytes: usize) -> Result<Vec<u8>> {
     let mut host = vec![0u8; bytes];

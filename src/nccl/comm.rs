@@ -2,9 +2,12 @@
 //! through [`super::library`]) and the caller's cudarc one ([`OwnedNcclComm`]), with the
 //! record of teardowns that failed.
 
+use std::ffi::c_void;
+use std::ptr::NonNull;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
+use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaContext, CudaStream};
 use cudarc::nccl::{sys, Comm};
 
@@ -146,13 +149,14 @@ impl RawComm {
     ///
     /// # Safety
     /// `input` holds this rank's `counts[rank]` bytes and `output` their sum, device memory
-    /// on this communicator's device, live until the group completes on `stream`.
+    /// on this communicator's device, live until the group completes on `stream`, a live
+    /// stream of that device.
     pub(crate) unsafe fn all_gather_v_bytes(
         &self,
         input: u64,
         output: u64,
         counts: impl Iterator<Item = usize>,
-        stream: &CudaStream,
+        stream: CUstream,
     ) -> Result<()> {
         self.library.grouped(|| {
             let mut at = 0u64;
@@ -168,7 +172,7 @@ impl RawComm {
                             count,
                             sys::ncclDataType_t::ncclUint8,
                             root,
-                            stream.cu_stream(),
+                            stream,
                         )
                     }?;
                 }
@@ -181,6 +185,27 @@ impl RawComm {
     /// The library it was made by.
     pub(crate) fn library(&self) -> &'static NcclLibrary {
         self.library
+    }
+
+    /// The raw handle (for a [`super::window::Window`], which never outlives this).
+    pub(crate) fn raw(&self) -> sys::ncclComm_t {
+        self.comm
+    }
+
+    /// Registers `ptr..ptr + bytes` as a symmetric window (a collective call: see
+    /// [`NcclLibrary::window_register`]).
+    ///
+    /// # Safety
+    /// As [`NcclLibrary::window_register`].
+    pub(crate) unsafe fn window_register(&self, ptr: u64, bytes: usize) -> Result<Option<NonNull<c_void>>> {
+        // SAFETY: the communicator is live; the caller guarantees the memory.
+        unsafe { self.library.window_register(self.comm, ptr, bytes) }
+    }
+
+    /// A communicator over a fake NCCL table (tests only): `comm` is the fake's handle.
+    #[cfg(test)]
+    pub(crate) fn fake(comm: sys::ncclComm_t, library: &'static NcclLibrary) -> RawComm {
+        RawComm { comm, library }
     }
 }
 
@@ -274,7 +299,7 @@ impl Drop for OwnedNcclComm {
 static TEARDOWN_FAILURES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
 /// Records a failed NCCL teardown (never panics; a poisoned lock still records).
-fn record_teardown_failure(what: impl Into<String>) {
+pub(crate) fn record_teardown_failure(what: impl Into<String>) {
     let mut log = TEARDOWN_FAILURES.lock().unwrap_or_else(|p| p.into_inner());
     if log.len() < 64 {
         log.push(what.into());

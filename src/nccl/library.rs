@@ -49,6 +49,43 @@ type BroadcastFn = unsafe extern "C" fn(
 ) -> c_int;
 type GroupFn = unsafe extern "C" fn() -> c_int;
 type GetErrorStringFn = unsafe extern "C" fn(c_int) -> *const c_char;
+/// `ncclCommWindowRegister(comm, buff, size, ncclWindow_t* win, int winFlags)`; `ncclWindow_t`
+/// is an opaque pointer (`struct ncclWindow*` in 2.27, `struct ncclWindow_vidmem*` from 2.28).
+type WindowRegisterFn =
+    unsafe extern "C" fn(sys::ncclComm_t, *mut c_void, usize, *mut *mut c_void, c_int) -> c_int;
+/// `ncclCommWindowDeregister(comm, ncclWindow_t win)`.
+type WindowDeregisterFn = unsafe extern "C" fn(sys::ncclComm_t, *mut c_void) -> c_int;
+
+/// The first NCCL with window registration, as `ncclGetVersion` encodes it (2.27.0).
+pub(crate) const WINDOWS_SINCE: i32 = 22700;
+
+/// `NCCL_WIN_COLL_SYMMETRIC` (nccl.h, 2.27 and later): every rank registers a buffer of the
+/// same size, so NCCL may run its symmetric kernels on buffers inside the window.
+pub(crate) const WIN_COLL_SYMMETRIC: c_int = 0x01;
+
+/// NCCL's window functions: present only in a library of version [`WINDOWS_SINCE`] or later.
+#[derive(Clone, Copy)]
+pub(crate) struct WindowFns {
+    pub(crate) register: WindowRegisterFn,
+    pub(crate) deregister: WindowDeregisterFn,
+}
+
+/// The window functions of a library of version `version` (named `name`): resolved by
+/// `resolve` only when the version has them (never by probing for the symbols), else why not.
+pub(crate) fn window_functions(
+    version: i32,
+    name: &str,
+    resolve: impl FnOnce() -> std::result::Result<WindowFns, String>,
+) -> std::result::Result<WindowFns, String> {
+    if version < WINDOWS_SINCE {
+        return Err(format!(
+            "{name} is NCCL {}; window registration (ncclCommWindowRegister) needs NCCL {} or newer",
+            version_string(version),
+            version_string(WINDOWS_SINCE)
+        ));
+    }
+    resolve()
+}
 
 /// NCCL's functions, resolved once per process. Return codes are read as plain integers
 /// (never as a Rust enum, which an unknown code would make undefined).
@@ -66,8 +103,11 @@ pub(crate) struct NcclLibrary {
     group_start: GroupFn,
     group_end: GroupFn,
     get_error_string: GetErrorStringFn,
-    // Keeps the function pointers above valid; never unloaded (lives in a static).
-    _library: libloading::Library,
+    /// The window functions, or why this library has none.
+    windows: std::result::Result<WindowFns, String>,
+    // Keeps the function pointers above valid; never unloaded (lives in a static). `None`
+    // only for the tests' fake tables.
+    _library: Option<libloading::Library>,
 }
 
 impl std::fmt::Debug for NcclLibrary {
@@ -161,6 +201,14 @@ fn bind(library: libloading::Library, name: &str) -> std::result::Result<NcclLib
     if code != 0 {
         return Err(format!("ncclGetVersion failed with code {code} in {name}"));
     }
+    let windows = window_functions(version, name, || {
+        Ok(WindowFns {
+            // SAFETY: the prototypes of nccl.h 2.27 and later (`ncclWindow_t` is a pointer).
+            register: unsafe { symbol(&library, "ncclCommWindowRegister")? },
+            // SAFETY: as above.
+            deregister: unsafe { symbol(&library, "ncclCommWindowDeregister")? },
+        })
+    });
     Ok(NcclLibrary {
         name: name.to_string(),
         version,
@@ -186,11 +234,41 @@ fn bind(library: libloading::Library, name: &str) -> std::result::Result<NcclLib
         group_end: unsafe { symbol(&library, "ncclGroupEnd")? },
         // SAFETY: see above.
         get_error_string: unsafe { symbol(&library, "ncclGetErrorString")? },
-        _library: library,
+        windows,
+        _library: Some(library),
     })
 }
 
 impl NcclLibrary {
+    /// A table of the fake NCCL (tests only) reporting `version`: the window functions are
+    /// resolved exactly as for a loaded library, by version.
+    #[cfg(test)]
+    pub(crate) fn fake(version: i32) -> NcclLibrary {
+        use super::fake;
+        NcclLibrary {
+            name: "fake NCCL".to_string(),
+            version,
+            get_unique_id: fake::get_unique_id,
+            comm_init_rank: fake::comm_init_rank,
+            comm_abort: fake::comm_abort,
+            comm_get_async_error: fake::comm_get_async_error,
+            all_reduce: fake::reduce,
+            all_gather: fake::all_gather,
+            reduce_scatter: fake::reduce,
+            broadcast: fake::broadcast,
+            group_start: fake::group_start,
+            group_end: fake::group_end,
+            get_error_string: fake::get_error_string,
+            windows: window_functions(version, "fake NCCL", || {
+                Ok(WindowFns {
+                    register: fake::window_register,
+                    deregister: fake::window_deregister,
+                })
+            }),
+            _library: None,
+        }
+    }
+
     fn check(&self, code: c_int, call: &'static str) -> Result<()> {
         if code == 0 {
             return Ok(());
@@ -226,6 +304,57 @@ impl NcclLibrary {
     /// `major.minor.patch`.
     pub(crate) fn version(&self) -> String {
         version_string(self.version)
+    }
+
+    /// Whether this library can register windows (`Err`: why not).
+    pub(crate) fn windows(&self) -> std::result::Result<(), &str> {
+        self.windows.as_ref().map(|_| ()).map_err(String::as_str)
+    }
+
+    /// `ncclCommWindowRegister(comm, ptr, bytes, &win, NCCL_WIN_COLL_SYMMETRIC)`: a
+    /// collective call, every rank of `comm` makes it with a range of the same size. `None`:
+    /// NCCL returned success without a window (its symmetric memory support is off for this
+    /// communicator, or the memory failed its checks; NCCL logs why with `NCCL_DEBUG=WARN`).
+    ///
+    /// # Safety
+    /// `comm` is live and `ptr..ptr + bytes` is device memory of its device, allocated with
+    /// `cuMemCreate` (exportable as a POSIX file descriptor) and mapped, that stays mapped
+    /// until the window is deregistered.
+    pub(crate) unsafe fn window_register(
+        &self,
+        comm: sys::ncclComm_t,
+        ptr: u64,
+        bytes: usize,
+    ) -> Result<Option<std::ptr::NonNull<c_void>>> {
+        let fns = self.windows.as_ref().map_err(|why| Error::Nccl {
+            call: "ncclCommWindowRegister",
+            detail: why.clone(),
+        })?;
+        let mut window: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the caller guarantees the communicator and the memory.
+        let code =
+            unsafe { (fns.register)(comm, ptr as *mut c_void, bytes, &mut window, WIN_COLL_SYMMETRIC) };
+        self.check(code, "ncclCommWindowRegister")?;
+        Ok(std::ptr::NonNull::new(window))
+    }
+
+    /// `ncclCommWindowDeregister` (local: it waits for no peer).
+    ///
+    /// # Safety
+    /// `comm` is live and `window` came from [`NcclLibrary::window_register`] on it, is
+    /// deregistered once, and no collective on memory of the window is still pending.
+    pub(crate) unsafe fn window_deregister(
+        &self,
+        comm: sys::ncclComm_t,
+        window: std::ptr::NonNull<c_void>,
+    ) -> Result<()> {
+        let fns = self.windows.as_ref().map_err(|why| Error::Nccl {
+            call: "ncclCommWindowDeregister",
+            detail: why.clone(),
+        })?;
+        // SAFETY: the caller's guarantee.
+        let code = unsafe { (fns.deregister)(comm, window.as_ptr()) };
+        self.check(code, "ncclCommWindowDeregister")
     }
 
     /// `ncclCommInitRank`: blocks until every rank has joined.

@@ -95,6 +95,13 @@ impl Workspace {
         self.layout
     }
 
+    /// Rank `rank`'s whole allocation as mapped here (address, bytes), with the range the
+    /// driver reports for that address (`cuMemGetAddressRange`: what NCCL registers).
+    pub(crate) fn own_mapping(&self, rank: usize) -> Result<((u64, usize), (u64, usize))> {
+        let ptr = self.base() + (rank * self.layout.alloc_bytes) as u64;
+        Ok(((ptr, self.layout.alloc_bytes), vmm::address_range(ptr)?))
+    }
+
     /// This rank's symmetric buffer, in this rank's address space.
     pub(crate) fn symmetric_buffer(&self, rank: usize) -> u64 {
         self.base() + (rank * self.layout.alloc_bytes + self.layout.symmetric_offset()) as u64

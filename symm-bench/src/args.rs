@@ -12,6 +12,9 @@ const MIB: usize = 1 << 20;
 /// an output.
 pub const CAPACITIES_PER_RANK: usize = 5;
 
+/// Capacity-sized buffers the `nccl_symm` rows add per rank: a pool input and a pool output.
+pub const NCCL_SYMM_CAPACITIES: usize = 2;
+
 /// The largest size one-shot runs at in a sweep; above it only when `--sizes` names it.
 pub const ONE_SHOT_SWEEP_MAX: usize = 64 * MIB;
 
@@ -156,11 +159,12 @@ pub struct Args {
 
     /// Algorithms: low_latency (sizes up to 32 KiB), one_shot, two_shot, auto (the library's size-based choice), symmetric
     /// (zero-copy in place on the communicator's buffers), pool (zero-copy in place on a pool
-    /// buffer from alloc_symmetric), nccl.
+    /// buffer from alloc_symmetric), nccl, nccl_symm (NCCL on pool buffers registered as NCCL
+    /// symmetric windows).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "low_latency,one_shot,two_shot,auto,symmetric,pool,nccl"
+        default_value = "low_latency,one_shot,two_shot,auto,symmetric,pool,nccl,nccl_symm"
     )]
     pub algos: Vec<AlgoChoice>,
 
@@ -318,6 +322,12 @@ pub enum AlgoChoice {
     /// NCCL's ncclAllReduce, the baseline.
     #[value(name = "nccl")]
     Nccl,
+    /// NCCL's ncclAllReduce from a pool buffer into a pool buffer of communicators made by
+    /// `with_nccl_fallback`, whose symmetric allocations are registered as NCCL windows
+    /// (NCCL_WIN_COLL_SYMMETRIC): NCCL runs its symmetric kernels where it has one (NCCL 2.27
+    /// and later). The rows are skipped, with the reason, where the windows are off.
+    #[value(name = "nccl_symm")]
+    NcclSymm,
     /// Opt-in, never in the default list: the zero-copy in-place call on the NVLS multimem
     /// kernel. The communicators are then built with `Config::multicast = Required`, so the
     /// run stops with the reason where no multicast object can be set up (no NVSwitch, a veto
@@ -349,7 +359,7 @@ impl AlgoChoice {
             AlgoChoice::Multimem => Some(Algorithm::Multimem),
             AlgoChoice::MultimemOneShot => Some(Algorithm::MultimemOneShot),
             AlgoChoice::MultimemLowLatency => Some(Algorithm::MultimemLowLatency),
-            AlgoChoice::Nccl => None,
+            AlgoChoice::Nccl | AlgoChoice::NcclSymm => None,
         }
     }
 
@@ -372,6 +382,7 @@ impl AlgoChoice {
             AlgoChoice::Symmetric => "symmetric",
             AlgoChoice::Pool => "pool",
             AlgoChoice::Nccl => "nccl",
+            AlgoChoice::NcclSymm => "nccl_symm",
             AlgoChoice::Multimem => "multimem",
             AlgoChoice::MultimemOneShot => "multimem_one_shot",
             AlgoChoice::MultimemLowLatency => "multimem_ll",
@@ -714,13 +725,16 @@ impl RunPlan {
     }
 
     /// Capacity-sized buffers per rank: 3 of symmetric workspace plus an input and an output;
-    /// with `--producer-chain` also the PDL twin's workspace and the chain's staged input.
+    /// with `--producer-chain` also the PDL twin's workspace and the chain's staged input;
+    /// with `nccl_symm` rows the pool input and output of the windowed communicator.
     pub fn capacities_per_rank(&self) -> usize {
-        if self.producer_chain {
-            CAPACITIES_PER_RANK + 4
+        let chain = if self.producer_chain { 4 } else { 0 };
+        let windowed = if self.algos.contains(&AlgoChoice::NcclSymm) {
+            NCCL_SYMM_CAPACITIES
         } else {
-            CAPACITIES_PER_RANK
-        }
+            0
+        };
+        CAPACITIES_PER_RANK + chain + windowed
     }
 
     /// The communicator configuration of the run, for messages of up to `capacity_bytes`.
@@ -773,7 +787,7 @@ impl RunPlan {
                     for &mode in &self.modes {
                         let rounds = (self.warmup(mode) + self.rounds(mode)) as f64;
                         let ops = rounds * mode.ops_per_round() as f64;
-                        let empty_us = if algo == AlgoChoice::Nccl {
+                        let empty_us = if matches!(algo, AlgoChoice::Nccl | AlgoChoice::NcclSymm) {
                             0.0
                         } else {
                             ops * launch_us
@@ -1052,7 +1066,8 @@ mod tests {
         let args = parse(&["symm-bench"]);
         assert_eq!(args.world, 8);
         assert_eq!(args.dtypes, vec![DType::BF16, DType::F32]);
-        assert_eq!(args.algos.len(), 7);
+        assert_eq!(args.algos.len(), 8);
+        assert_eq!(args.algos[6..], [AlgoChoice::Nccl, AlgoChoice::NcclSymm]);
         let plan = RunPlan::from_args(&args);
         assert_eq!(plan.sizes, sweep_sizes());
         assert_eq!(plan.rounds(Mode::GraphIsolated), 200);
@@ -1127,7 +1142,8 @@ mod tests {
     fn producer_chain_is_opt_in_and_sized_for_its_twin() {
         let off = RunPlan::from_args(&parse(&["symm-bench"]));
         assert!(!off.producer_chain);
-        assert_eq!(off.capacities_per_rank(), 5);
+        // The default list has nccl_symm: its pool input and output.
+        assert_eq!(off.capacities_per_rank(), 5 + NCCL_SYMM_CAPACITIES);
         let argv = [
             "symm-bench",
             "--world",

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use indicatif::ProgressBar;
 use symm_allreduce::cudarc::driver::{sys, CudaContext, CudaGraph, CudaSlice, CudaStream, DriverError};
 use symm_allreduce::cudarc::nccl::{group_end, group_start, ReduceOp};
-use symm_allreduce::{Algorithm, Communicator, Config, DType};
+use symm_allreduce::{Algorithm, Communicator, Config, DType, LocalHub};
 
 use crate::args::{format_size, round_to_elements, AlgoChoice, CollectiveChoice, Mode, RunPlan};
 use crate::data::{random_input, seed, BenchElem, Expected};
@@ -100,6 +100,8 @@ pub struct Bench {
     pdl_twin: Vec<Communicator>,
     nccl: Baseline,
     nccl_broken: Option<String>,
+    /// The `nccl_symm` rows' communicators (dropped before the streams).
+    windowed: Windowed,
     streams: Vec<Arc<CudaStream>>,
     ctxs: Vec<Arc<CudaContext>>,
     placement: Placement,
@@ -111,6 +113,62 @@ impl Drop for Bench {
             // cudarc's Comm::drop panics when ncclCommAbort fails; the process is about to
             // exit and the driver reclaims the communicators, so they are leaked instead.
             std::mem::forget(std::mem::take(comms));
+        }
+    }
+}
+
+/// The communicators of the `nccl_symm` rows, one per NCCL rank (the GPUs of the run), made
+/// by `with_nccl_fallback` so that their symmetric allocations are registered as NCCL
+/// windows; or why there are none.
+enum Windowed {
+    Ready { comms: Vec<Communicator>, timer: Timer },
+    Skipped(String),
+}
+
+impl Windowed {
+    /// Communicators over `ctxs` whose pools hold an input and an output of `capacity` bytes.
+    fn new(ctxs: &[Arc<CudaContext>], streams: &[Arc<CudaStream>], capacity: usize) -> Windowed {
+        if let Err(e) = symm_allreduce::nccl_library() {
+            return Windowed::Skipped(e.to_string());
+        }
+        let config = Config {
+            // Every timed call is forced to NCCL: the kernels' workspace stays small.
+            capacity_bytes: 64 << 10,
+            pool_bytes: 2 * capacity + (1 << 20),
+            ..Config::default()
+        };
+        let hub = LocalHub::new(ctxs.len(), std::time::Duration::from_secs(120));
+        // NCCL's setup is collective: one thread per rank.
+        let made: Result<Vec<Communicator>, symm_allreduce::Error> = std::thread::scope(|s| {
+            let handles: Vec<_> = ctxs
+                .iter()
+                .enumerate()
+                .map(|(r, ctx)| {
+                    let (hub, ctx, config) = (hub.rank(r), ctx.clone(), config.clone());
+                    s.spawn(move || Communicator::with_nccl_fallback(&hub, ctx, config))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(symm_allreduce::Error::InvalidConfig(
+                            "a setup thread panicked".into(),
+                        ))
+                    })
+                })
+                .collect()
+        });
+        let comms = match made {
+            Ok(comms) => comms,
+            Err(e) => return Windowed::Skipped(format!("with_nccl_fallback failed: {e}")),
+        };
+        if let Some(why) = comms[0].nccl_windows_unavailable() {
+            return Windowed::Skipped(format!("NCCL windows off: {why}"));
+        }
+        match Timer::new(streams) {
+            Ok(timer) => Windowed::Ready { comms, timer },
+            Err(e) => Windowed::Skipped(format!("timer: {e}")),
         }
     }
 }
@@ -344,7 +402,7 @@ impl Bench {
         ctxs: Vec<Arc<CudaContext>>,
         placement: Placement,
         config: Config,
-        with_nccl: bool,
+        (with_nccl, with_nccl_symm): (bool, bool),
         pdl_twin: bool,
     ) -> Result<Bench, BenchError> {
         let streams = ctxs
@@ -360,11 +418,17 @@ impl Bench {
         } else {
             Vec::new()
         };
+        let capacity = config.capacity_bytes;
         let comms = Communicator::local_group(&ctxs, config)?;
         let timer = Timer::new(&streams)?;
         let nccl_streams = match placement {
             Placement::Virtual { .. } => vec![streams[0].clone()],
             Placement::PerGpu => streams.clone(),
+        };
+        let windowed = if with_nccl_symm {
+            Windowed::new(&ctxs[..nccl_streams.len()], &nccl_streams, capacity)
+        } else {
+            Windowed::Skipped("not requested".into())
         };
         let (nccl, nccl_timer) = if with_nccl {
             (
@@ -381,6 +445,7 @@ impl Bench {
             pdl_twin,
             nccl,
             nccl_broken: None,
+            windowed,
             streams,
             ctxs,
             placement,
@@ -416,6 +481,22 @@ impl Bench {
         match &self.nccl_broken {
             Some(why) => format!("{} — stopped after an error: {why}", self.nccl.describe()),
             None => self.nccl.describe(),
+        }
+    }
+
+    /// Whether `nccl_symm` rows run.
+    pub fn nccl_symm_ready(&self) -> bool {
+        matches!(self.windowed, Windowed::Ready { .. })
+    }
+
+    /// The `nccl_symm` line for the header.
+    pub fn nccl_symm_status(&self) -> String {
+        match &self.windowed {
+            Windowed::Ready { comms, .. } => format!(
+                "NCCL on pool buffers registered as symmetric windows, world {} (with_nccl_fallback)",
+                comms.len()
+            ),
+            Windowed::Skipped(why) => format!("nccl_symm skipped: {why}"),
         }
     }
 
@@ -474,11 +555,18 @@ impl Bench {
             pb.set_message(format!("{dtype} {} {}", format_size(bytes), algo.name()));
             let result = match algo.symm() {
                 Some(a) => self.symm_rows(plan, a, algo, bytes, len, &mut buffers, rows),
+                None if algo == AlgoChoice::NcclSymm => self.nccl_symm_rows(plan, bytes, len, &buffers, rows),
                 None => self.nccl_rows(plan, bytes, len, &mut buffers, rows),
             };
             let what = || format!("{dtype} {bytes} B {}", algo.name());
             match skip_unverified(result, what, pb, failures) {
                 Ok(()) => {}
+                Err(e) if algo == AlgoChoice::NcclSymm => {
+                    let msg = format!("{dtype} {bytes} B nccl_symm: {e}; nccl_symm rows stop here");
+                    pb.suspend(|| eprintln!("symm-bench: {msg}"));
+                    failures.push(msg);
+                    self.windowed = Windowed::Skipped(format!("stopped after an error: {e}"));
+                }
                 Err(e) if algo == AlgoChoice::Nccl => {
                     let msg = format!("{dtype} {bytes} B nccl: {e}; NCCL rows stop here");
                     pb.suspend(|| eprintln!("symm-bench: {msg}"));
@@ -770,6 +858,91 @@ impl Bench {
         self.nccl_timer = Some(timer);
         result
     }
+}
+
+impl Bench {
+    /// The `nccl_symm` rows: NCCL's all-reduce from a pool buffer into a pool buffer of the
+    /// windowed communicators (through the crate's one NCCL call path, `Algorithm::Nccl`),
+    /// one call per NCCL rank in one NCCL group, verified once, then timed like `nccl`.
+    fn nccl_symm_rows<T: BenchElem>(
+        &mut self,
+        plan: &RunPlan,
+        bytes: usize,
+        len: usize,
+        b: &Buffers<T>,
+        rows: &mut Vec<Row>,
+    ) -> Result<(), BenchError> {
+        let Windowed::Ready { comms, timer } = &mut self.windowed else {
+            return Ok(());
+        };
+        let n = comms.len();
+        let streams = &self.streams[..n];
+        let mut inputs = Vec::with_capacity(n);
+        let mut outputs = Vec::with_capacity(n);
+        for ((c, s), host_side) in comms.iter().zip(streams).zip(&b.inputs) {
+            let mut input = c.alloc_symmetric::<T>(len, s)?;
+            s.memcpy_dtod(host_side, &mut input)?;
+            inputs.push(input);
+            let mut output = c.alloc_symmetric::<T>(len, s)?;
+            s.memset_zeros(&mut output)?;
+            outputs.push(output);
+        }
+        nccl_symm_round(comms, streams, &inputs, &mut outputs)?;
+        for (c, s) in comms.iter().zip(streams) {
+            c.synchronize(s)?;
+        }
+        if plan.check {
+            let got = streams[0].clone_dtoh(&outputs[0])?;
+            let expected = if n == 1 { &b.first } else { &b.all };
+            expected.check(&got).map_err(BenchError::Verify)?;
+        }
+        let mut round = || nccl_symm_round(comms, streams, &inputs, &mut outputs);
+        for &mode in &plan.modes {
+            let m = measure(
+                timer,
+                streams,
+                mode,
+                plan.rounds(mode),
+                plan.warmup(mode),
+                &mut round,
+            )?;
+            for (c, s) in comms.iter().zip(streams) {
+                c.synchronize(s)?;
+            }
+            rows.push(
+                Row {
+                    dtype: T::DTYPE.name().into(),
+                    mode,
+                    algo: "nccl_symm".into(),
+                    kernel: "nccl_symm".into(),
+                    placement: self.placement.name().into(),
+                    world: n,
+                    blocks: None,
+                    size_bytes: bytes,
+                    count: len,
+                    ..measured_row(&m)
+                }
+                .with_derived(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// One NCCL all-reduce per windowed rank, pool buffer to pool buffer, in one NCCL group.
+fn nccl_symm_round<T: BenchElem>(
+    comms: &[Communicator],
+    streams: &[Arc<CudaStream>],
+    inputs: &[symm_allreduce::SymmetricTensor<T>],
+    outputs: &mut [symm_allreduce::SymmetricTensor<T>],
+) -> Result<(), BenchError> {
+    symm_allreduce::nccl_group(|| {
+        for (((c, s), i), o) in comms.iter().zip(streams).zip(inputs).zip(outputs.iter_mut()) {
+            c.all_reduce_with(i, o, s, Algorithm::Nccl)?;
+        }
+        Ok(())
+    })?;
+    Ok(())
 }
 
 /// One NCCL all-reduce per NCCL rank (grouped when there are several).

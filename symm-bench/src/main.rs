@@ -209,11 +209,12 @@ fn run(args: &Args) -> Result<ExitCode, Stop> {
     meta.estimated_duration_s = Some(plan.estimate(args.world).as_secs_f64());
 
     let with_nccl = plan.algos.contains(&AlgoChoice::Nccl);
+    let with_nccl_symm = plan.algos.contains(&AlgoChoice::NcclSymm);
     let mut bench = Bench::new(
         ctxs,
         placement,
         plan.config(capacity),
-        with_nccl,
+        (with_nccl, with_nccl_symm),
         plan.producer_chain,
     )
     .map_err(|e| Stop::Failed(format!("setup failed: {e}")))?;
@@ -230,6 +231,9 @@ fn run(args: &Args) -> Result<ExitCode, Stop> {
             .push(format!("empty-kernel graph floor not measured: {e}")),
     }
     meta.nccl = bench.nccl_status();
+    if with_nccl_symm {
+        meta.notes.push(bench.nccl_symm_status());
+    }
     let title = match placement {
         Placement::Virtual { device } => format!(
             "W={} virtual ranks on device {device} ({})",

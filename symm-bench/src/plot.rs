@@ -30,6 +30,7 @@ fn colour(algo: &str) -> RGBColor {
         "two_shot" => RGBColor(214, 39, 40),
         "auto" => RGBColor(44, 160, 44),
         "nccl" => RGBColor(20, 20, 20),
+        "nccl_symm" => RGBColor(127, 127, 127),
         "low_latency" => RGBColor(148, 103, 189),
         "symmetric" => RGBColor(255, 127, 14),
         "pool" => RGBColor(23, 190, 207),
@@ -148,7 +149,7 @@ fn draw_panel<DB: DrawingBackend>(
         let c = colour(algo);
         // NCCL's world may differ from ours (one GPU: NCCL runs a world of one).
         let label = match rows.iter().find(|r| r.algo == algo) {
-            Some(r) if algo == "nccl" => format!("nccl (world {})", r.world),
+            Some(r) if algo == "nccl" || algo == "nccl_symm" => format!("{algo} (world {})", r.world),
             _ => algo.to_string(),
         };
         chart

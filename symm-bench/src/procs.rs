@@ -668,6 +668,13 @@ fn rank_main(args: &Args, env: &ChildEnv) -> Result<ExitCode, Stop> {
         meta.empty_graph_floor_blocks = Some(blocks);
         Ok((rb, title))
     };
+    if plan.algos.contains(&AlgoChoice::NcclSymm) {
+        // A rank process's communicator is built over the launcher's NCCL communicator
+        // (cudarc's, whose handle cannot register windows).
+        plan.algos.retain(|&a| a != AlgoChoice::NcclSymm);
+        meta.notes
+            .push("nccl_symm rows run with --launcher threads only".into());
+    }
     let (mut rb, title) =
         setup(&mut meta, &mut plan).map_err(|e| Stop::Failed(format!("setup failed: {e}")))?;
 

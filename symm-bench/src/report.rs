@@ -107,8 +107,8 @@ impl Row {
 
     /// The algorithm as shown in the tables.
     pub fn label(&self, group_world: usize) -> String {
-        if self.is_nccl() && self.world != group_world {
-            format!("nccl (world {}: one GPU)", self.world)
+        if (self.is_nccl() || self.algo == "nccl_symm") && self.world != group_world {
+            format!("{} (world {}: one GPU)", self.algo, self.world)
         } else if self.algo != self.kernel {
             format!("{}→{}", self.algo, self.kernel)
         } else {

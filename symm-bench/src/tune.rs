@@ -95,6 +95,8 @@ pub struct Point {
     pub one_shot: Option<f64>,
     pub two_shot: Option<f64>,
     pub nccl: Option<f64>,
+    /// NCCL on pool buffers registered as symmetric windows.
+    pub nccl_symm: Option<f64>,
 }
 
 /// Where the earlier algorithm of a pair should hand over.
@@ -158,6 +160,11 @@ pub struct Found {
     pub one_shot_max: usize,
     /// `None`: NCCL not measured, or two-shot wins at every size measured.
     pub two_shot_max: Option<usize>,
+    /// Where NCCL's symmetric kernels on pool buffers (`nccl_symm`) overtake the best of this
+    /// crate's kernels at each size: `Some(s)` = ours up to `s`, `nccl_symm` above (0: at
+    /// every size); `None` = not measured, or ours at every size. Reported, not written
+    /// into the table: `Auto`'s NCCL threshold serves plain buffers as well.
+    pub nccl_symm_above: Option<usize>,
     /// What could not be decided (and what was assumed).
     pub notes: Vec<String>,
 }
@@ -213,10 +220,37 @@ pub fn crossovers(points: &[Point], noise: f64) -> Option<Found> {
         Split::Never => Some(one_shot_max),
         Split::At(s) => Some(s),
     };
+    let best_ours = |p: &Point| min_of(min_of(p.low_latency, p.one_shot), p.two_shot);
+    let symm = pairs(&|p| Some((best_ours(p)?, p.nccl_symm?)), 0);
+    let nccl_symm_above = match best_split(&symm, noise) {
+        Split::Unmeasured => None,
+        Split::Never => {
+            notes.push(
+                "nccl_symm (NCCL's symmetric kernels on pool buffers) beat our kernels at every size".into(),
+            );
+            Some(0)
+        }
+        Split::At(s) => {
+            notes.push(format!(
+                "our best kernel beats nccl_symm (NCCL's symmetric kernels on pool buffers) up to {}; nccl_symm above \
+                 (Config::nccl_above_bytes = {s} sends pool calls there; plain buffers get plain NCCL)",
+                format_size(s)
+            ));
+            Some(s)
+        }
+        Split::Throughout(s) => {
+            notes.push(format!(
+                "our kernels beat nccl_symm at every size measured (up to {})",
+                format_size(s)
+            ));
+            None
+        }
+    };
     Some(Found {
         low_latency_max,
         one_shot_max,
         two_shot_max,
+        nccl_symm_above,
         notes,
     })
 }
@@ -243,6 +277,7 @@ pub fn points(rows: &[Row], dtype: DType, world: usize) -> Vec<Point> {
             "one_shot" => &mut pts[i].one_shot,
             "two_shot" => &mut pts[i].two_shot,
             "nccl" => &mut pts[i].nccl,
+            "nccl_symm" => &mut pts[i].nccl_symm,
             _ => continue,
         };
         *slot = Some(r.time_us);
@@ -577,7 +612,12 @@ pub fn run(args: &Args, out: &Path) -> Result<ExitCode, Stop> {
             Placement::Virtual { .. } => world,
             Placement::PerGpu => 1,
         };
-        let fits = bench::max_fitting_size(free, ranks_per_device, crate::args::CAPACITIES_PER_RANK);
+        // One rank per GPU also measures nccl_symm (a pool input and output per rank).
+        let capacities = match placement {
+            Placement::Virtual { .. } => crate::args::CAPACITIES_PER_RANK,
+            Placement::PerGpu => crate::args::CAPACITIES_PER_RANK + crate::args::NCCL_SYMM_CAPACITIES,
+        };
+        let fits = bench::max_fitting_size(free, ranks_per_device, capacities);
         let here: Vec<usize> = sizes.iter().copied().filter(|&s| s <= fits).collect();
         let Some(&capacity) = here.last() else {
             return Err(Stop::Failed(format!("W={world}: no size fits in device memory")));
@@ -594,7 +634,7 @@ pub fn run(args: &Args, out: &Path) -> Result<ExitCode, Stop> {
             low_latency_max_bytes: LL_TUNE_MAX.min(capacity),
             ..Config::default()
         };
-        let mut bench = match Bench::new(ctxs, placement, config, with_nccl, false) {
+        let mut bench = match Bench::new(ctxs, placement, config, (with_nccl, with_nccl), false) {
             Ok(b) => b,
             Err(e) => {
                 let msg = format!("W={world}: setup failed: {e}");
@@ -606,6 +646,10 @@ pub fn run(args: &Args, out: &Path) -> Result<ExitCode, Stop> {
         let nccl_ok = with_nccl && bench.nccl_ready();
         if with_nccl && !nccl_ok {
             meta.notes.push(format!("W={world}: {}", bench.nccl_status()));
+        }
+        if with_nccl && !bench.nccl_symm_ready() {
+            meta.notes
+                .push(format!("W={world}: {}", bench.nccl_symm_status()));
         }
         let plan = RunPlan {
             sizes: here.clone(),
@@ -647,6 +691,9 @@ pub fn run(args: &Args, out: &Path) -> Result<ExitCode, Stop> {
                 algos.push(AlgoChoice::TwoShot);
                 if nccl_ok && bench.nccl_ready() {
                     algos.push(AlgoChoice::Nccl);
+                }
+                if bench.nccl_symm_ready() {
+                    algos.push(AlgoChoice::NcclSymm);
                 }
                 let done = match dtype {
                     DType::BF16 => {
@@ -843,6 +890,30 @@ mod tests {
     }
 
     #[test]
+    fn the_nccl_symm_crossover_is_against_our_best_kernel() {
+        // nccl_symm 20 µs + 1 µs per 1 MiB: above one-shot's line from 330 KiB on, but the
+        // two-shot (15 µs + 1 µs per 128 KiB) is ours there; two-shot = nccl_symm at
+        // 5/(1/128 - 1/1024) = 731 KiB: the last measured size below it is 512 KiB.
+        let mut rows = rows_for(8, true, &|_| 1.0);
+        for size in tune_sizes() {
+            rows.push(row("nccl_symm", 8, size, 20.0 + size as f64 / 1024.0 / 1024.0));
+        }
+        let f = crossovers(&points(&rows, DType::BF16, 8), NOISE).unwrap();
+        assert_eq!(f.nccl_symm_above, Some(512 * KIB));
+        assert!(
+            f.notes.iter().any(|n| n.contains("nccl_symm above")),
+            "{:?}",
+            f.notes
+        );
+        // The table's NCCL threshold still comes from plain NCCL.
+        assert_eq!(f.two_shot_max, Some(4 * MIB));
+        // Not measured: nothing said.
+        let f = crossovers(&points(&rows_for(8, true, &|_| 1.0), DType::BF16, 8), NOISE).unwrap();
+        assert_eq!(f.nccl_symm_above, None);
+        assert!(!f.notes.iter().any(|n| n.contains("nccl_symm")));
+    }
+
+    #[test]
     fn sweeps_and_worlds() {
         let s = tune_sizes();
         assert_eq!(&s[..5], &[1024, 1536, 2048, 3072, 4096]);
@@ -930,6 +1001,7 @@ mod tests {
                 one_shot: Some(8.0),
                 two_shot: Some(5.0),
                 nccl: None,
+                nccl_symm: None,
             },
             Point {
                 size: 2048,
@@ -937,6 +1009,7 @@ mod tests {
                 one_shot: Some(9.0),
                 two_shot: Some(5.0),
                 nccl: None,
+                nccl_symm: None,
             },
         ];
         let f = crossovers(&pts, 0.05).unwrap();
