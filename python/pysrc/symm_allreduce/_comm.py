@@ -4,8 +4,9 @@ all-reduce object."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _native
@@ -26,20 +27,53 @@ REDUCE_DTYPES: tuple[str, ...] = tuple(_native.dtypes()[0])
 #: The dtypes the gathers move.
 GATHER_DTYPES: tuple[str, ...] = tuple(_native.dtypes()[1])
 
+#: Element size in bytes of each summable dtype, by its name with and without ``torch.``.
+_REDUCE_SIZES: dict[str, int] = {
+    prefix + name: int(_native.element_size(name)) for name in REDUCE_DTYPES for prefix in ("", "torch.")
+}
+
 # Live communicators by handle, for the torch.library ops (which take the handle as an int).
+# Both are safe from several threads (one dict store or pop, one `next` of a C iterator).
 _REGISTRY: dict[int, SymmAllReduce] = {}
-_NEXT_HANDLE = [1]
+_HANDLES = itertools.count(1)
+
+_TORCH: Any = None
+_CURRENT_STREAM: Callable[[int], int] | None = None
 
 
 def _torch() -> Any:
-    import torch
+    global _TORCH
+    if _TORCH is None:
+        import torch
 
-    return torch
+        _TORCH = torch
+    return _TORCH
+
+
+def _bind_current_stream() -> Callable[[int], int]:
+    """The cheapest reader of the current stream's handle: torch's own raw-stream accessor
+    (what torch.compile's generated code calls; one C call, no ``torch.cuda.Stream`` object),
+    else the public ``current_stream(device).cuda_stream``."""
+    global _CURRENT_STREAM
+    torch = _torch()
+    torch.cuda.init()  # the raw accessor does not initialise CUDA in torch by itself
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is None:
+
+        def raw(device: int) -> int:
+            return int(torch.cuda.current_stream(device).cuda_stream)
+
+    _CURRENT_STREAM = raw
+    return raw
 
 
 def _stream(device: int) -> int:
-    torch = _torch()
-    return int(torch.cuda.current_stream(device).cuda_stream)
+    """The handle of the current CUDA stream of ``device`` (an int; checked by the native
+    module to belong to the communicator's device)."""
+    current = _CURRENT_STREAM
+    if current is None:
+        current = _bind_current_stream()
+    return current(device)
 
 
 def validate_config(**config: Any) -> dict[str, Any]:
@@ -161,8 +195,7 @@ class SymmAllReduce:
         self.reason = native.peer_kernels_unavailable
 
     def _register(self) -> None:
-        self.handle = _NEXT_HANDLE[0]
-        _NEXT_HANDLE[0] += 1
+        self.handle = next(_HANDLES)
         _REGISTRY[self.handle] = self
 
     @classmethod
@@ -212,10 +245,8 @@ class SymmAllReduce:
         d = describe(inp)
         if d[3] != "cuda" or d[4] != self._device or not d[5] or d[1] == 0:
             return False
-        name = d[2].removeprefix("torch.")
-        if name not in REDUCE_DTYPES:
-            return False
-        return d[1] * int(_native.element_size(name)) <= self.max_size
+        size = _REDUCE_SIZES.get(d[2])
+        return size is not None and d[1] * size <= self.max_size
 
     def custom_all_reduce(self, input: torch.Tensor) -> torch.Tensor | None:
         """The sum of ``input`` over the ranks in a new tensor, or ``None`` when this
@@ -238,10 +269,14 @@ class SymmAllReduce:
         """``out ← Σ_ranks inp`` (a new tensor of ``inp``'s shape when ``out`` is None; ``out``
         may be ``inp`` for an in-place sum; an :meth:`alloc_symmetric` tensor is reduced like
         any tensor)."""
-        native = self._live()
+        native = self._native
+        if native is None:
+            native = self._live()
         if out is None:
-            out = _torch().empty(inp.shape, dtype=inp.dtype, device=inp.device)
-        native.all_reduce(describe(inp), describe(out), _stream(self._device), algorithm)
+            torch = _torch()
+            out = torch.empty_like(inp, memory_format=torch.contiguous_format)
+        d = describe(inp)
+        native.all_reduce(d, d if out is inp else describe(out), _stream(self._device), algorithm)
         return out
 
     def all_reduce_pool(self, t: torch.Tensor) -> torch.Tensor:
