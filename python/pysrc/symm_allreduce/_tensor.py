@@ -37,8 +37,10 @@ class TensorLike(Protocol):
 _DTYPE_NAMES: dict[Any, str] = {}
 _DTYPE_NAMES_MAX = 64
 
-# Classes known to be torch.Tensor (or a subclass): read through the fast path.
+# Classes known to be torch.Tensor (or a subclass), read through the fast path, and classes
+# known not to be (bounded, as the dtype names).
 _TORCH_TYPES: set[type] = set()
+_OTHER_TYPES: set[type] = set()
 
 
 def dtype_name(dtype: Any) -> str:
@@ -58,10 +60,16 @@ def _is_torch_tensor(t: object) -> bool:
     cls = type(t)
     if cls in _TORCH_TYPES:
         return True
+    if cls in _OTHER_TYPES:
+        return False
     torch = sys.modules.get("torch")
-    if torch is not None and isinstance(t, torch.Tensor):
+    if torch is None:  # not remembered: torch may be imported later
+        return False
+    if isinstance(t, torch.Tensor):
         _TORCH_TYPES.add(cls)
         return True
+    if len(_OTHER_TYPES) < _DTYPE_NAMES_MAX:
+        _OTHER_TYPES.add(cls)
     return False
 
 
@@ -70,7 +78,14 @@ def describe(t: TensorLike) -> Descriptor:
     if _is_torch_tensor(t):
         tt: Any = t
         if tt.is_cuda:
-            return (tt.data_ptr(), tt.numel(), dtype_name(tt.dtype), "cuda", tt.get_device(), tt.is_contiguous())
+            return (
+                tt.data_ptr(),
+                tt.numel(),
+                dtype_name(tt.dtype),
+                "cuda",
+                tt.get_device(),
+                tt.is_contiguous(),
+            )
     device = t.device
     kind = getattr(device, "type", str(device))
     index = getattr(device, "index", None)
