@@ -359,7 +359,10 @@ impl Drop for PyCommunicator {
         // the GIL, so other Python threads run meanwhile.
         let comm = self.comm.get_mut().unwrap_or_else(PoisonError::into_inner).take();
         if let Some(comm) = comm {
-            Python::attach(|py| py.detach(move || drop(comm)));
+            // Deallocation runs attached, so this borrows that attachment; where there is none
+            // to have (the interpreter shutting down), the closure is dropped unrun, and the
+            // communicator with it.
+            let _ = Python::try_attach(|py| py.detach(move || drop(comm)));
         }
     }
 }

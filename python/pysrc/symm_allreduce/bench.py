@@ -178,7 +178,7 @@ class _Timer:
         return host
 
 
-def _eager_round(torch: Any, streams: list[Any], calls: list[Callable[[], Any]]) -> Round:
+def _eager_round(torch: Any, streams: list[Any], calls: Sequence[Callable[..., Any]]) -> Round:
     """One call per rank, each on its rank's stream; returns the host time inside the calls."""
     perf = time.perf_counter
 
@@ -195,7 +195,12 @@ def _eager_round(torch: Any, streams: list[Any], calls: list[Callable[[], Any]])
 
 
 def _measure(
-    torch: Any, timer: _Timer, comms: list[Any], streams: list[Any], mode: str, calls: list[Callable[[], Any]]
+    torch: Any,
+    timer: _Timer,
+    comms: list[Any],
+    streams: list[Any],
+    mode: str,
+    calls: Sequence[Callable[..., Any]],
 ) -> tuple[list[float], float]:
     """Per-all-reduce GPU µs per sample in ``mode``, and host µs per call."""
     per_sample = ROUNDS_PER_SAMPLE[mode]
