@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _native
-from ._tensor import TensorLike, describe
+from ._tensor import Descriptor, TensorLike, describe
 from .errors import SymmAllReduceError
 
 if TYPE_CHECKING:
@@ -242,7 +242,9 @@ class SymmAllReduce:
         this rank's device, a summable dtype, 1 to ``max_size`` bytes."""
         if self.disabled or self._native is None:
             return False
-        d = describe(inp)
+        return self._takes(describe(inp))
+
+    def _takes(self, d: Descriptor) -> bool:
         if d[3] != "cuda" or d[4] != self._device or not d[5] or d[1] == 0:
             return False
         size = _REDUCE_SIZES.get(d[2])
@@ -251,9 +253,13 @@ class SymmAllReduce:
     def custom_all_reduce(self, input: torch.Tensor) -> torch.Tensor | None:
         """The sum of ``input`` over the ranks in a new tensor, or ``None`` when this
         communicator does not take it (the caller then falls through to NCCL)."""
-        if not self.should_custom_ar(input):
+        native = self._native
+        if self.disabled or native is None:
             return None
-        return self.all_reduce(input)
+        d = describe(input)
+        if not self._takes(d):
+            return None
+        return self._all_reduce(native, input, d, None, "auto")
 
     @contextlib.contextmanager
     def capture(self) -> Iterator[None]:
@@ -272,10 +278,16 @@ class SymmAllReduce:
         native = self._native
         if native is None:
             native = self._live()
+        return self._all_reduce(native, inp, describe(inp), out, algorithm)
+
+    def _all_reduce(
+        self, native: Any, inp: torch.Tensor, d: Descriptor, out: torch.Tensor | None, algorithm: str
+    ) -> torch.Tensor:
+        """The one call path of :meth:`all_reduce` and :meth:`custom_all_reduce` (``d``:
+        ``inp``'s descriptor, made once per call)."""
         if out is None:
             torch = _torch()
             out = torch.empty_like(inp, memory_format=torch.contiguous_format)
-        d = describe(inp)
         native.all_reduce(d, d if out is inp else describe(out), _stream(self._device), algorithm)
         return out
 
