@@ -11,9 +11,8 @@ mod dlpack;
 mod errors;
 mod tensor;
 
-use std::cell::RefCell;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -23,9 +22,11 @@ use symm_allreduce::{Algorithm, Bootstrap, Communicator, Config, DType, Error, M
 use errors::{invalid_call, raise};
 use tensor::{Kind, Raw, TensorArg};
 
-/// Runs `$body` with `$T` bound to the Rust element type of a reduction dtype.
-macro_rules! with_element {
-    ($kind:expr, $T:ident => $body:expr) => {
+/// Runs `$body` with `$T` bound to the Rust element type of `$kind`: `sum` takes the three
+/// dtypes the reductions add (the byte types are refused with [`Kind::not_summable`]), `gather`
+/// also the two byte types the gathers move. The float arms are written once, here.
+macro_rules! with_type {
+    (@arms $kind:expr, $T:ident => $body:expr; $($bytes:tt)*) => {
         match $kind {
             Kind::F32 => {
                 type $T = f32;
@@ -39,31 +40,14 @@ macro_rules! with_element {
                 type $T = half::bf16;
                 $body
             }
-            other => Err(invalid_call(format!(
-                "dtype {} cannot be summed: the reductions take float32, float16 and bfloat16 \
-                 (uint8 and int8 only move through all_gather and all_gather_v)",
-                other.torch_name()
-            ))),
+            $($bytes)*
         }
     };
-}
-
-/// Runs `$body` with `$T` bound to the Rust element type of a gatherable dtype.
-macro_rules! with_gatherable {
-    ($kind:expr, $T:ident => $body:expr) => {
-        match $kind {
-            Kind::F32 => {
-                type $T = f32;
-                $body
-            }
-            Kind::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            Kind::BF16 => {
-                type $T = half::bf16;
-                $body
-            }
+    (sum $kind:expr, $T:ident => $body:expr) => {
+        with_type!(@arms $kind, $T => $body; other @ (Kind::U8 | Kind::I8) => Err(other.not_summable()),)
+    };
+    (gather $kind:expr, $T:ident => $body:expr) => {
+        with_type!(@arms $kind, $T => $body;
             Kind::U8 => {
                 type $T = u8;
                 $body
@@ -72,7 +56,7 @@ macro_rules! with_gatherable {
                 type $T = i8;
                 $body
             }
-        }
+        )
     };
 }
 
@@ -254,57 +238,132 @@ impl Bootstrap for PyBootstrap {
     }
 }
 
-/// One rank of a group: the crate's `Communicator` plus its device context. Not shareable
-/// between threads (the communicator drives one rank from one thread at a time).
-#[pyclass(unsendable, module = "symm_allreduce._native", name = "Communicator")]
+/// Streams whose wrappers a communicator keeps (the most recent ones; torch's current stream
+/// is per thread, so a few threads each keep theirs without a new wrapper per call).
+const STREAM_CACHE: usize = 8;
+
+/// One rank of a group: the crate's `Communicator` plus its device context. Usable from any
+/// Python thread: the crate's communicator is `Send + Sync` and orders its own calls; the
+/// locks here guard only the handle and the stream cache and are never held across a call, a
+/// wait or a return into Python, so no thread that holds the GIL waits on a thread that needs
+/// it. The blocking calls (setup, `synchronize`, `close`, dropping the last reference) release
+/// the GIL, so a stuck peer stalls only the thread that waits on it, for at most the timeout.
+#[pyclass(frozen, module = "symm_allreduce._native", name = "Communicator")]
 struct PyCommunicator {
-    comm: Option<Communicator>,
+    /// `None` once closed. A call works on its own clone of the `Arc`, so `close` (which
+    /// needs the communicator back by value) waits for calls in flight on other threads.
+    comm: Mutex<Option<Arc<Communicator>>>,
     ctx: Arc<CudaContext>,
     /// The bootstrap of a process group, for the collective close.
     bootstrap: Option<PyBootstrap>,
-    /// The last stream handle seen and its wrapper (no allocation while it stays the same).
-    stream: RefCell<Option<(usize, Arc<CudaStream>)>>,
+    /// The last streams seen and their wrappers, most recent first (no allocation while a
+    /// thread's stream stays the same).
+    streams: Mutex<Vec<(usize, Arc<CudaStream>)>>,
+}
+
+/// A lock whose holder panicked is still consistent here (every critical section is a plain
+/// read or assignment of the guarded value).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn closed_error() -> PyErr {
+    invalid_call("this communicator was closed: create a new one")
 }
 
 impl PyCommunicator {
     fn new(comm: Communicator, bootstrap: Option<PyBootstrap>) -> PyResult<PyCommunicator> {
         let ctx = symm_allreduce::context(comm.device()).map_err(raise)?;
         Ok(PyCommunicator {
-            comm: Some(comm),
+            comm: Mutex::new(Some(Arc::new(comm))),
             ctx,
             bootstrap,
-            stream: RefCell::new(None),
+            streams: Mutex::new(Vec::with_capacity(STREAM_CACHE)),
         })
     }
 
-    fn comm(&self) -> PyResult<&Communicator> {
-        self.comm
-            .as_ref()
-            .ok_or_else(|| invalid_call("this communicator was closed: create a new one".to_string()))
+    /// The communicator, for one call (its own reference: no lock is held during the call).
+    fn comm(&self) -> PyResult<Arc<Communicator>> {
+        lock(&self.comm).clone().ok_or_else(closed_error)
     }
 
-    /// The caller's stream, checked to belong to this rank's device.
+    /// The caller's stream, checked to belong to this rank's device (on every call: a handle
+    /// seen before may have been destroyed and its value reused).
     fn stream(&self, handle: usize) -> PyResult<Arc<CudaStream>> {
-        if let Some((h, s)) = self.stream.borrow().as_ref() {
-            if *h == handle {
-                tensor::check_stream(&self.ctx, handle).map_err(raise)?;
-                return Ok(s.clone());
-            }
-        }
         tensor::check_stream(&self.ctx, handle).map_err(raise)?;
+        let mut streams = lock(&self.streams);
+        if let Some(i) = streams.iter().position(|(h, _)| *h == handle) {
+            let entry = streams.remove(i);
+            let s = entry.1.clone();
+            streams.insert(0, entry);
+            return Ok(s);
+        }
         // SAFETY: the handle is a stream of this context (checked above); the caller (torch)
-        // keeps it alive for the call, and the wrapper is only used by this communicator's
-        // calls on that stream, which the caller orders with its own work as any launch on
-        // its current stream is.
+        // keeps it alive for the call, and the wrapper (borrowed: dropping it destroys
+        // nothing) is only used by this communicator's calls on that stream, which the
+        // caller orders with its own work as any launch on its current stream is.
         let s = unsafe { self.ctx.wrap_borrowed_stream(handle as _) };
-        *self.stream.borrow_mut() = Some((handle, s.clone()));
+        streams.truncate(STREAM_CACHE - 1);
+        streams.insert(0, (handle, s.clone()));
         Ok(s)
     }
 
     fn raw<T>(&self, arg: &TensorArg, what: &'static str, stream: &Arc<CudaStream>) -> PyResult<Raw<T>> {
-        let comm = self.comm()?;
-        tensor::check(arg, what, comm.device())?;
+        tensor::check(arg, what, self.ctx.ordinal())?;
         Ok(Raw::new(arg.0, arg.1, stream.clone()))
+    }
+
+    /// Takes the communicator out (later calls raise "closed") and waits, without the GIL,
+    /// until calls in flight on other threads are done with it; then hands it to `finish`.
+    /// A call that is still running after twice the timeout (it cannot be: every wait is
+    /// bounded by it) puts the communicator back and reports it.
+    fn take_and<R: Send>(
+        &self,
+        py: Python<'_>,
+        finish: impl FnOnce(Communicator) -> symm_allreduce::Result<R> + Send,
+    ) -> PyResult<Option<R>> {
+        let Some(mut shared) = lock(&self.comm).take() else {
+            return Ok(None);
+        };
+        lock(&self.streams).clear();
+        let patience = shared.config().timeout * 2 + Duration::from_secs(1);
+        let outcome = py.detach(move || {
+            let start = Instant::now();
+            loop {
+                match Arc::try_unwrap(shared) {
+                    Ok(comm) => return Ok(finish(comm)),
+                    Err(back) if start.elapsed() > patience => return Err(back),
+                    Err(back) => {
+                        shared = back;
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                }
+            }
+        });
+        match outcome {
+            Ok(done) => done.map(Some).map_err(raise),
+            Err(back) => {
+                *lock(&self.comm) = Some(back);
+                Err(invalid_call(format!(
+                    "close: another thread was still inside a call of this communicator after {patience:?}; \
+                     the communicator is still open"
+                )))
+            }
+        }
+    }
+}
+
+impl Drop for PyCommunicator {
+    fn drop(&mut self) {
+        // Dropping the communicator waits for its last call (bounded by the timeout): without
+        // the GIL, so other Python threads run meanwhile.
+        let comm = self.comm.get_mut().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(comm) = comm {
+            // Deallocation runs attached, so this borrows that attachment; where there is none
+            // to have (the interpreter shutting down), the closure is dropped unrun, and the
+            // communicator with it.
+            let _ = Python::try_attach(|py| py.detach(move || drop(comm)));
+        }
     }
 }
 
@@ -343,7 +402,7 @@ impl PyCommunicator {
     /// Whether the communicator has been closed.
     #[getter]
     fn closed(&self) -> bool {
-        self.comm.is_none()
+        lock(&self.comm).is_none()
     }
 
     /// The configuration, every field.
@@ -381,12 +440,12 @@ impl PyCommunicator {
         self.comm()?.check_usable().map_err(raise)
     }
 
-    /// Waits for this rank's calls on `stream` and reports a peer timeout or kernel fault.
-    fn synchronize(&self, stream: usize) -> PyResult<()> {
+    /// Waits for this rank's calls on `stream` and reports a peer timeout or kernel fault
+    /// (without the GIL: other Python threads run while it waits).
+    fn synchronize(&self, py: Python<'_>, stream: usize) -> PyResult<()> {
         let s = self.stream(stream)?;
-        // Holds the GIL while it waits: the communicator is not `Sync`, so no other thread
-        // may see it meanwhile.
-        self.comm()?.synchronize(&s).map_err(raise)
+        let comm = self.comm()?;
+        py.detach(move || comm.synchronize(&s)).map_err(raise)
     }
 
     /// `output ← Σ_ranks input` (both `(ptr, numel, dtype, device_type, device_index,
@@ -403,7 +462,7 @@ impl PyCommunicator {
         let kind = tensor::same_dtype(&[(&input, "input"), (&output, "output")])?;
         let s = self.stream(stream)?;
         let comm = self.comm()?;
-        with_element!(kind, T => {
+        with_type!(sum kind, T => {
             if input.0 == output.0 && input.1 == output.1 {
                 let mut buf = self.raw::<T>(&output, "output", &s)?;
                 comm.all_reduce_in_place(&mut buf, &s, algorithm).map_err(raise)
@@ -422,7 +481,7 @@ impl PyCommunicator {
         let kind = tensor::same_dtype(&[(&buffer, "buffer")])?;
         let s = self.stream(stream)?;
         let comm = self.comm()?;
-        with_element!(kind, T => {
+        with_type!(sum kind, T => {
             let mut buf = self.raw::<T>(&buffer, "buffer", &s)?;
             comm.all_reduce_pool_buffer(&mut buf, &s).map_err(raise)
         })
@@ -433,7 +492,7 @@ impl PyCommunicator {
         let kind = tensor::same_dtype(&[(&input, "input"), (&output, "output")])?;
         let s = self.stream(stream)?;
         let comm = self.comm()?;
-        with_gatherable!(kind, T => {
+        with_type!(gather kind, T => {
             let inp = self.raw::<T>(&input, "input", &s)?;
             let mut out = self.raw::<T>(&output, "output", &s)?;
             comm.all_gather(&inp, &mut out, &s).map_err(raise)
@@ -451,7 +510,7 @@ impl PyCommunicator {
         let kind = tensor::same_dtype(&[(&input, "input"), (&output, "output")])?;
         let s = self.stream(stream)?;
         let comm = self.comm()?;
-        with_gatherable!(kind, T => {
+        with_type!(gather kind, T => {
             let inp = self.raw::<T>(&input, "input", &s)?;
             let mut out = self.raw::<T>(&output, "output", &s)?;
             comm.all_gather_v(&inp, &counts, &mut out, &s).map_err(raise)
@@ -471,7 +530,7 @@ impl PyCommunicator {
         let kind = tensor::same_dtype(&[(&input, "input"), (&output, "output")])?;
         let s = self.stream(stream)?;
         let comm = self.comm()?;
-        with_element!(kind, T => {
+        with_type!(sum kind, T => {
             let inp = self.raw::<T>(&input, "input", &s)?;
             let mut out = self.raw::<T>(&output, "output", &s)?;
             comm.reduce_scatter_with(&inp, &mut out, &s, algorithm).map_err(raise)
@@ -500,7 +559,7 @@ impl PyCommunicator {
         ])?;
         let s = self.stream(stream)?;
         let comm = self.comm()?;
-        with_element!(kind, T => {
+        with_type!(sum kind, T => {
             let inp = self.raw::<T>(&input, "input", &s)?;
             let mut res = self.raw::<T>(&residual, "residual", &s)?;
             let w = self.raw::<T>(&weight, "weight", &s)?;
@@ -525,7 +584,7 @@ impl PyCommunicator {
         // The buffer's own stream is only its device's tag: the NULL stream wrapper, which
         // nothing is launched on and which never dangles.
         let s = self.ctx.default_stream();
-        with_element!(kind, T => {
+        with_type!(sum kind, T => {
             let t = comm.alloc_symmetric::<T>(len, &s).map_err(raise)?;
             dlpack::capsule(py, t, shape, kind, self.ctx.ordinal())
         })
@@ -538,18 +597,17 @@ impl PyCommunicator {
 
     /// Waits for the last call, then (in a process group) votes with every rank before the
     /// workspace is unmapped; a virtual-rank group just releases it. Idempotent.
-    fn close(&mut self, py: Python<'_>) -> PyResult<()> {
-        let Some(comm) = self.comm.take() else {
-            return Ok(());
-        };
-        self.stream.borrow_mut().take();
-        match &self.bootstrap {
-            Some(b) => comm.close(b).map_err(raise),
+    /// Without the GIL, it waits first for calls still running on other threads.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let bootstrap = self.bootstrap.as_ref();
+        self.take_and(py, move |comm| match bootstrap {
+            Some(b) => comm.close(b),
             None => {
-                py.detach(move || drop(comm));
+                drop(comm);
                 Ok(())
             }
-        }
+        })?;
+        Ok(())
     }
 }
 
@@ -583,6 +641,7 @@ fn local_group(
 #[pyfunction]
 #[pyo3(signature = (rank, world, device, gather, timeout = 30.0, **options))]
 fn from_gather(
+    py: Python<'_>,
     rank: usize,
     world: usize,
     device: usize,
@@ -606,8 +665,14 @@ fn from_gather(
         gather,
         timeout,
     };
-    let ctx = symm_allreduce::context(device).map_err(raise)?;
-    let comm = Communicator::new(&bootstrap, ctx, config).map_err(raise)?;
+    // Without the GIL: the setup waits on the peers (each exchange bounded by the timeout);
+    // the group's gather takes the GIL for itself when it is called.
+    let comm = py
+        .detach(|| {
+            let ctx = symm_allreduce::context(device)?;
+            Communicator::new(&bootstrap, ctx, config)
+        })
+        .map_err(raise)?;
     PyCommunicator::new(comm, Some(bootstrap))
 }
 

@@ -87,12 +87,16 @@ impl Kind {
         DType::ALL
             .into_iter()
             .find(|d| Kind::from_dtype(*d) == self)
-            .ok_or_else(|| {
-                invalid_call(format!(
-                    "dtype {} cannot be summed: the reductions take float32, float16 and bfloat16",
-                    self.torch_name()
-                ))
-            })
+            .ok_or_else(|| self.not_summable())
+    }
+
+    /// The error of a reduction called on a dtype only the gathers move.
+    pub(crate) fn not_summable(self) -> pyo3::PyErr {
+        invalid_call(format!(
+            "dtype {} cannot be summed: the reductions take float32, float16 and bfloat16 \
+             (uint8 and int8 only move through all_gather and all_gather_v)",
+            self.torch_name()
+        ))
     }
 }
 

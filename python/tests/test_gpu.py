@@ -457,6 +457,40 @@ def test_a_stuck_peer_is_a_peer_timeout_within_twice_the_timeout(algorithm):
         g.close()
 
 
+# ---- threads ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_rank_on_its_own_thread(world):
+    """Each virtual rank driven by its own Python thread (as a torch worker pool would): the
+    calls run concurrently, each thread waits in synchronize() without holding the GIL, and
+    the sums are the emulation's bits. Then rank 0's communicator used from a thread that is
+    not the one that made it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    g = group(world)
+    xs = inputs(world, 65_537, torch.bfloat16, seed=61)
+    torch.cuda.synchronize()
+
+    def rank_work(r):
+        with torch.cuda.stream(g.streams[r]):
+            out = g.comms[r].all_reduce(xs[r])
+            twice = g.comms[r].all_reduce(out)
+            g.comms[r].synchronize()
+        return out, twice
+
+    with ThreadPoolExecutor(max_workers=world) as pool:
+        outs = list(pool.map(rank_work, range(world)))
+    once = emulate(xs)
+    for out, twice in outs:
+        assert_bits(out, once)
+        assert_bits(twice, emulate([once] * world))
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        outs = pool.submit(lambda: g.run(lambda r, c: c.all_reduce(xs[r]))).result(timeout=120)
+    for o in outs:
+        assert_bits(o, once)
+
+
 # ---- a vLLM-shaped caller ---------------------------------------------------------------------
 
 
@@ -551,14 +585,9 @@ def private_mps():
             subprocess.run([control], input=b"quit\n", env=env, capture_output=True, timeout=30)
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_processes_over_a_gloo_group(world):
-    """W processes on one GPU (under a private MPS daemon where there is one), a gloo group:
-    eager all-reduces, a captured graph replayed, and torch.compile (aot_eager and inductor)
-    of a function calling torch.ops.symm_allreduce.all_reduce. torch.compile is tested here
-    rather than on virtual ranks: a rank's first compiled call compiles while its peers'
-    kernels may already wait, and only separate processes keep a compile from waiting on
-    them."""
+def run_ranks(world, part):
+    """Runs mp_worker.py's ``part`` in ``world`` processes on one GPU over a gloo group (under
+    a private MPS daemon where there is one) and checks that every rank reports success."""
     with private_mps() as mps_env:
         base = mps_env if mps_env is not None else dict(os.environ)
         port = _free_port()
@@ -569,7 +598,7 @@ def test_processes_over_a_gloo_group(world):
             )
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, str(HERE / "mp_worker.py")],
+                    [sys.executable, str(HERE / "mp_worker.py"), part],
                     env=env,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
@@ -578,7 +607,7 @@ def test_processes_over_a_gloo_group(world):
         outputs = []
         for p in procs:
             try:
-                out, _ = p.communicate(timeout=300)
+                out, _ = p.communicate(timeout=600)
             except subprocess.TimeoutExpired:
                 p.kill()
                 out, _ = p.communicate()
@@ -587,4 +616,23 @@ def test_processes_over_a_gloo_group(world):
         for rank, (p, out) in enumerate(zip(procs, outputs)):
             print(f"--- rank {rank} (exit {p.returncode}) ---\n{out}")
         assert all(p.returncode == 0 for p in procs), outputs
-        assert all(f"RANK {r}/{world} OK" in outputs[r] for r in range(world))
+        assert all(f"RANK {r}/{world} OK {part}" in outputs[r] for r in range(world))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_processes_over_a_gloo_group(world):
+    """W processes on one GPU, a gloo group: eager all-reduces of every dtype and a captured
+    graph replayed on changing inputs, bit-identical to the fp32 rank-order emulation."""
+    run_ranks(world, "eager")
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("part", ["compile", "compile-graphs"])
+def test_torch_compile_across_processes(world, part):
+    """torch.compile in W processes over a gloo group: the four torch.library ops chained in
+    one function (aot_eager, and inductor with dynamic shapes), bit-identical to the same
+    function run eagerly; and inductor's CUDA graphs (mode="reduce-overhead") replayed on
+    changing inputs. torch.compile is tested across processes rather than on virtual ranks: a
+    rank's first compiled call compiles while its peers' kernels may already wait, and only
+    separate processes keep a compile from waiting on them."""
+    run_ranks(world, part)

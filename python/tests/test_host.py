@@ -274,3 +274,16 @@ def test_bench_helpers_without_a_gpu():
     assert "4.25" in lines[1].split() and "bf16" in lines[1].split()
     with pytest.raises(SystemExit):
         bench.main(["--modes", "eager,fastest"])
+
+
+def test_bench_host_only_without_a_gpu(capsys):
+    from symm_allreduce import bench
+
+    steps = bench.host_only(200)
+    assert [name for name, _ in steps][:2] == [
+        "describe(tensor), duck-typed",
+        "native descriptor check + argument conversion, one tensor",
+    ]
+    assert all(0.0 < us < 1000.0 for _, us in steps), steps
+    assert bench.main(["--host-only", "--host-iters", "100"]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == len(steps)

@@ -4,12 +4,13 @@ all-reduce object."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _native
-from ._tensor import TensorLike, describe
+from ._tensor import Descriptor, TensorLike, describe
 from .errors import SymmAllReduceError
 
 if TYPE_CHECKING:
@@ -26,20 +27,53 @@ REDUCE_DTYPES: tuple[str, ...] = tuple(_native.dtypes()[0])
 #: The dtypes the gathers move.
 GATHER_DTYPES: tuple[str, ...] = tuple(_native.dtypes()[1])
 
+#: Element size in bytes of each summable dtype, by its name with and without ``torch.``.
+_REDUCE_SIZES: dict[str, int] = {
+    prefix + name: int(_native.element_size(name)) for name in REDUCE_DTYPES for prefix in ("", "torch.")
+}
+
 # Live communicators by handle, for the torch.library ops (which take the handle as an int).
+# Both are safe from several threads (one dict store or pop, one `next` of a C iterator).
 _REGISTRY: dict[int, SymmAllReduce] = {}
-_NEXT_HANDLE = [1]
+_HANDLES = itertools.count(1)
+
+_TORCH: Any = None
+_CURRENT_STREAM: Callable[[int], int] | None = None
 
 
 def _torch() -> Any:
-    import torch
+    global _TORCH
+    if _TORCH is None:
+        import torch
 
-    return torch
+        _TORCH = torch
+    return _TORCH
+
+
+def _bind_current_stream() -> Callable[[int], int]:
+    """The cheapest reader of the current stream's handle: torch's own raw-stream accessor
+    (what torch.compile's generated code calls; one C call, no ``torch.cuda.Stream`` object),
+    else the public ``current_stream(device).cuda_stream``."""
+    global _CURRENT_STREAM
+    torch = _torch()
+    torch.cuda.init()  # the raw accessor does not initialise CUDA in torch by itself
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is None:
+
+        def raw(device: int) -> int:
+            return int(torch.cuda.current_stream(device).cuda_stream)
+
+    _CURRENT_STREAM = raw
+    return raw
 
 
 def _stream(device: int) -> int:
-    torch = _torch()
-    return int(torch.cuda.current_stream(device).cuda_stream)
+    """The handle of the current CUDA stream of ``device`` (an int; checked by the native
+    module to belong to the communicator's device)."""
+    current = _CURRENT_STREAM
+    if current is None:
+        current = _bind_current_stream()
+    return current(device)
 
 
 def validate_config(**config: Any) -> dict[str, Any]:
@@ -161,8 +195,7 @@ class SymmAllReduce:
         self.reason = native.peer_kernels_unavailable
 
     def _register(self) -> None:
-        self.handle = _NEXT_HANDLE[0]
-        _NEXT_HANDLE[0] += 1
+        self.handle = next(_HANDLES)
         _REGISTRY[self.handle] = self
 
     @classmethod
@@ -209,20 +242,24 @@ class SymmAllReduce:
         this rank's device, a summable dtype, 1 to ``max_size`` bytes."""
         if self.disabled or self._native is None:
             return False
-        d = describe(inp)
+        return self._takes(describe(inp))
+
+    def _takes(self, d: Descriptor) -> bool:
         if d[3] != "cuda" or d[4] != self._device or not d[5] or d[1] == 0:
             return False
-        name = d[2].removeprefix("torch.")
-        if name not in REDUCE_DTYPES:
-            return False
-        return d[1] * int(_native.element_size(name)) <= self.max_size
+        size = _REDUCE_SIZES.get(d[2])
+        return size is not None and d[1] * size <= self.max_size
 
     def custom_all_reduce(self, input: torch.Tensor) -> torch.Tensor | None:
         """The sum of ``input`` over the ranks in a new tensor, or ``None`` when this
         communicator does not take it (the caller then falls through to NCCL)."""
-        if not self.should_custom_ar(input):
+        native = self._native
+        if self.disabled or native is None:
             return None
-        return self.all_reduce(input)
+        d = describe(input)
+        if not self._takes(d):
+            return None
+        return self._all_reduce(native, input, d, None, "auto")
 
     @contextlib.contextmanager
     def capture(self) -> Iterator[None]:
@@ -238,10 +275,20 @@ class SymmAllReduce:
         """``out ← Σ_ranks inp`` (a new tensor of ``inp``'s shape when ``out`` is None; ``out``
         may be ``inp`` for an in-place sum; an :meth:`alloc_symmetric` tensor is reduced like
         any tensor)."""
-        native = self._live()
+        native = self._native
+        if native is None:
+            native = self._live()
+        return self._all_reduce(native, inp, describe(inp), out, algorithm)
+
+    def _all_reduce(
+        self, native: Any, inp: torch.Tensor, d: Descriptor, out: torch.Tensor | None, algorithm: str
+    ) -> torch.Tensor:
+        """The one call path of :meth:`all_reduce` and :meth:`custom_all_reduce` (``d``:
+        ``inp``'s descriptor, made once per call)."""
         if out is None:
-            out = _torch().empty(inp.shape, dtype=inp.dtype, device=inp.device)
-        native.all_reduce(describe(inp), describe(out), _stream(self._device), algorithm)
+            torch = _torch()
+            out = torch.empty_like(inp, memory_format=torch.contiguous_format)
+        native.all_reduce(d, d if out is inp else describe(out), _stream(self._device), algorithm)
         return out
 
     def all_reduce_pool(self, t: torch.Tensor) -> torch.Tensor:

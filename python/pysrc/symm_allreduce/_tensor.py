@@ -1,8 +1,15 @@
 """Tensors as the plain descriptors the native module validates (duck-typed: anything with
-``data_ptr()``, ``numel()``, ``dtype``, ``device`` and ``is_contiguous()``)."""
+``data_ptr()``, ``numel()``, ``dtype``, ``device`` and ``is_contiguous()``).
+
+This is the per-call host path, so it does no more than it must: a torch tensor is read
+through five C-level accessors (no ``torch.device`` object, no ``str(dtype)`` after the
+first call for a dtype); any other object through the generic attributes. What the values
+mean is checked by the native module on every call, whatever made them.
+"""
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Protocol
 
 #: ``(data_ptr, numel, dtype name, device type, device index, is_contiguous)``.
@@ -25,15 +32,67 @@ class TensorLike(Protocol):
     def is_contiguous(self) -> bool: ...
 
 
+# dtype object -> its name (``torch.bfloat16`` -> "torch.bfloat16"); bounded, so that odd
+# duck-typed dtypes cannot grow it without end.
+_DTYPE_NAMES: dict[Any, str] = {}
+_DTYPE_NAMES_MAX = 64
+
+# Classes known to be torch.Tensor (or a subclass), read through the fast path, and classes
+# known not to be (bounded, as the dtype names).
+_TORCH_TYPES: set[type] = set()
+_OTHER_TYPES: set[type] = set()
+
+
+def dtype_name(dtype: Any) -> str:
+    """``str(dtype)``, remembered per dtype object."""
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        name = str(dtype)
+        if len(_DTYPE_NAMES) < _DTYPE_NAMES_MAX:
+            _DTYPE_NAMES[dtype] = name
+        return name
+    except TypeError:  # an unhashable duck-typed dtype
+        return str(dtype)
+
+
+def _is_torch_tensor(t: object) -> bool:
+    cls = type(t)
+    if cls in _TORCH_TYPES:
+        return True
+    if cls in _OTHER_TYPES:
+        return False
+    torch = sys.modules.get("torch")
+    if torch is None:  # not remembered: torch may be imported later
+        return False
+    if isinstance(t, torch.Tensor):
+        _TORCH_TYPES.add(cls)
+        return True
+    if len(_OTHER_TYPES) < _DTYPE_NAMES_MAX:
+        _OTHER_TYPES.add(cls)
+    return False
+
+
 def describe(t: TensorLike) -> Descriptor:
     """The descriptor of ``t``; the device index of a bare ``cuda`` device is -1 (refused)."""
+    if _is_torch_tensor(t):
+        tt: Any = t
+        if tt.is_cuda:
+            return (
+                tt.data_ptr(),
+                tt.numel(),
+                dtype_name(tt.dtype),
+                "cuda",
+                tt.get_device(),
+                tt.is_contiguous(),
+            )
     device = t.device
     kind = getattr(device, "type", str(device))
     index = getattr(device, "index", None)
     return (
         int(t.data_ptr()),
         int(t.numel()),
-        str(t.dtype),
+        dtype_name(t.dtype),
         str(kind),
         -1 if index is None else int(index),
         bool(t.is_contiguous()),

@@ -1,17 +1,33 @@
-"""``python -m symm_allreduce.bench``: all-reduce times from Python, in symm-bench's modes and
-columns, on virtual ranks of one GPU (``--world`` ranks, one stream each).
+"""``python -m symm_allreduce.bench``: all-reduce times from Python, measured the way symm-bench
+measures them, on virtual ranks of one GPU (``--world`` ranks, one stream each), so that the
+two tables compare row by row.
 
-Modes (as symm-bench's): ``eager`` (plain launches, batches of 10 back-to-back rounds per
-timing sample), ``graph_amortised`` (one CUDA graph of 10 all-reduces per rank, time per
-all-reduce), ``graph_isolated`` (one graph of 1 all-reduce per rank, each replay timed alone).
-Device times are CUDA events on rank 0's stream around every rank's launches (the ranks'
-kernels wait for each other, so rank 0's span is the collective's).
+Modes (symm-bench's): ``eager`` (plain launches; a sample is 10 back-to-back rounds),
+``graph_amortised`` (one ``torch.cuda.CUDAGraph`` per rank holding a chain of 10
+all-reduces of the same input into the same output; a sample is one replay of every rank's
+graph; time per all-reduce), ``graph_isolated`` (one all-reduce per graph, each replay timed).
+Rounds per row: eager 200, graph_amortised 50 replays, graph_isolated 200.
 
-Host overhead, per eager call, in the same run: ``py_host_us`` is
-``SymmAllReduce.all_reduce(x, out)`` (describing the tensors, the current stream, the
-native call), ``native_host_us`` the native call alone with the descriptors made beforehand
-(argument conversion, the package's checks of the stream and the memory, the crate's
-``all_reduce``). symm-bench's ``host_us`` column is the crate's call from Rust.
+Timing (symm-bench's ``timing.rs``): a sample is a fork and a join over the ranks' streams:
+rank 0's stream records the start event, every other stream waits on it, the rounds are
+enqueued, every other stream records a done event that rank 0's stream waits on, and rank 0's
+stream records the end event; its span is the collective's (the ranks' kernels wait for each
+other). Up to 16 rounds' samples are enqueued behind a gate that holds rank 0's stream (a
+spin kernel, ``torch.cuda._sleep``, sized from the enqueue time measured so far), so the GPU
+runs them back to back and the events time the GPU, not Python's enqueue rate. A gate that
+opened before the enqueue ended (its event already complete when the host was done) is
+retried with a longer hold; the count of samples that still include host time is printed.
+
+Host overhead per eager call, in the same run, each measured inside the gated eager rounds
+(mean per call, as symm-bench's ``host_us``): ``py_host_us`` is
+``SymmAllReduce.all_reduce(x, out)`` (describing the tensors, reading the current stream, the
+native call); ``native_host_us`` is the native call alone with the descriptors and the stream
+handle made beforehand (argument conversion, the checks of the stream and the memory, the
+crate's ``all_reduce``: what symm-bench's ``host_us`` is from Rust, plus the conversion).
+
+``--host-only`` needs no GPU and no torch: the per-call host work that does not touch the
+device (describing a duck-typed tensor, the native descriptor checks and argument
+conversion), in microseconds per call.
 """
 
 from __future__ import annotations
@@ -20,10 +36,10 @@ import argparse
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import local_group
+from . import _native, local_group
 from ._tensor import describe
 
 MODES = ("eager", "graph_amortised", "graph_isolated")
@@ -44,6 +60,21 @@ COLUMNS = (
     "native_host_us",
 )
 
+#: All-reduces per graph in graph_amortised (symm-bench's default chain).
+GRAPH_CHAIN = 10
+#: Timed rounds per row (symm-bench's defaults) and warm-up rounds.
+ROUNDS = {"eager": 200, "graph_amortised": 50, "graph_isolated": 200}
+WARMUP = {"eager": 10, "graph_amortised": 2, "graph_isolated": 2}
+#: Rounds between one pair of timing events.
+ROUNDS_PER_SAMPLE = {"eager": 10, "graph_amortised": 1, "graph_isolated": 1}
+#: Most rounds enqueued behind one closed gate (symm-bench's ROUNDS_PER_GATE).
+ROUNDS_PER_GATE = 16
+#: Attempts at a chunk whose gate opened before its enqueue ended.
+GATE_RETRIES = 3
+
+#: A round: enqueues one call per rank and returns the host seconds spent inside the calls.
+Round = Callable[[], float]
+
 
 def _parse_sizes(text: str) -> list[int]:
     out = []
@@ -58,44 +89,153 @@ def _parse_sizes(text: str) -> list[int]:
 
 
 def _percentile(xs: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (symm-bench's ``Stats``)."""
     s = sorted(xs)
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
-def _time_rounds(
-    torch: Any, streams: list[Any], launch: Any, rounds: int, samples: int, warmup: int
-) -> list[float]:
-    """Per-round device time (us) on rank 0's stream, one sample per `rounds` rounds."""
-    for _ in range(warmup):
-        launch()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(samples):
+class _Gate:
+    """Holds one stream with a spin kernel while the host enqueues behind it."""
+
+    def __init__(self, torch: Any, stream: Any) -> None:
+        if not hasattr(torch.cuda, "_sleep"):
+            raise RuntimeError("this torch has no torch.cuda._sleep, which the benchmark's launch gate uses")
+        self.torch, self.stream = torch, stream
+        self.opened = torch.cuda.Event()
+        self.late = 0  # samples kept although their gate opened early (they include host time)
+        cycles = 1 << 22
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(streams[0])
-        for _ in range(rounds):
-            launch()
-        end.record(streams[0])
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(cycles // 8)  # warm-up
+            start.record(stream)
+            torch.cuda._sleep(cycles)
+            end.record(stream)
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / rounds)
-    torch.cuda.synchronize()
-    return times
+        self.cycles_per_us = cycles / max(start.elapsed_time(end) * 1e3, 1e-3)
+        self.hold_us = 2000.0
+
+    def close(self) -> None:
+        with self.torch.cuda.stream(self.stream):
+            self.torch.cuda._sleep(int(self.hold_us * self.cycles_per_us))
+            self.opened.record(self.stream)
+
+    def held_through(self, enqueue_us: float) -> bool:
+        """Whether the gate was still closed when the enqueue (of ``enqueue_us``) ended; the
+        next hold is sized from it either way."""
+        held = not self.opened.query()
+        self.hold_us = max(self.hold_us if held else 2 * self.hold_us, 2 * enqueue_us + 200.0)
+        return held
 
 
-def _host_us(torch: Any, comms: list[Any], streams: list[Any], calls: list[Any], iters: int) -> float:
-    """Median host time of one rank's call (rank 0's), every rank calling each round."""
-    samples = []
-    for _ in range(iters):
-        for r, (s, call) in enumerate(zip(streams, calls)):
+class _Timer:
+    """symm-bench's fork/join timing of rounds over W streams (rank 0's carries the events)."""
+
+    def __init__(self, torch: Any, streams: list[Any]) -> None:
+        self.torch, self.streams = torch, streams
+        self.starts = [torch.cuda.Event(enable_timing=True) for _ in range(ROUNDS_PER_GATE)]
+        self.ends = [torch.cuda.Event(enable_timing=True) for _ in range(ROUNDS_PER_GATE)]
+        self.done = [torch.cuda.Event() for _ in streams[1:]]
+        self.gate = _Gate(torch, streams[0])
+
+    def time(self, samples: int, rounds_per_sample: int, round_: Round) -> tuple[list[float], float]:
+        """Per sample: GPU µs per round; and host µs inside the calls per round (mean)."""
+        per_gate = min(max(ROUNDS_PER_GATE // max(rounds_per_sample, 1), 1), ROUNDS_PER_GATE)
+        round_us: list[float] = []
+        host = 0.0
+        left = samples
+        while left > 0:
+            n = min(left, per_gate)
+            for attempt in range(GATE_RETRIES):
+                self.gate.close()
+                t0 = time.perf_counter()
+                chunk_host = self._enqueue(n, rounds_per_sample, round_)
+                held = self.gate.held_through((time.perf_counter() - t0) * 1e6)
+                self.ends[n - 1].synchronize()
+                if held or attempt == GATE_RETRIES - 1:
+                    break
+            if not held:
+                self.gate.late += n
+            host += chunk_host
+            round_us += [
+                self.starts[i].elapsed_time(self.ends[i]) * 1e3 / rounds_per_sample for i in range(n)
+            ]
+            left -= n
+        return round_us, host * 1e6 / max(samples * rounds_per_sample, 1)
+
+    def _enqueue(self, samples: int, rounds_per_sample: int, round_: Round) -> float:
+        s0 = self.streams[0]
+        host = 0.0
+        for i in range(samples):
+            self.starts[i].record(s0)
+            for s in self.streams[1:]:
+                s.wait_event(self.starts[i])
+            for _ in range(rounds_per_sample):
+                host += round_()
+            for s, done in zip(self.streams[1:], self.done):
+                done.record(s)
+                s0.wait_event(done)
+            self.ends[i].record(s0)
+        return host
+
+
+def _eager_round(torch: Any, streams: list[Any], calls: Sequence[Callable[..., Any]]) -> Round:
+    """One call per rank, each on its rank's stream; returns the host time inside the calls."""
+    perf = time.perf_counter
+
+    def round_() -> float:
+        spent = 0.0
+        for s, call in zip(streams, calls):
             with torch.cuda.stream(s):
-                if r == 0:
+                t0 = perf()
+                call()
+                spent += perf() - t0
+        return spent
+
+    return round_
+
+
+def _measure(
+    torch: Any,
+    timer: _Timer,
+    comms: list[Any],
+    streams: list[Any],
+    mode: str,
+    calls: Sequence[Callable[..., Any]],
+) -> tuple[list[float], float]:
+    """Per-all-reduce GPU µs per sample in ``mode``, and host µs per call."""
+    per_sample = ROUNDS_PER_SAMPLE[mode]
+    samples = -(-ROUNDS[mode] // per_sample)
+    if mode == "eager":
+        round_ = _eager_round(torch, streams, calls)
+        timer.time(-(-WARMUP[mode] // per_sample), per_sample, round_)
+        times, host = timer.time(samples, per_sample, round_)
+        ops = 1
+    else:
+        ops = GRAPH_CHAIN if mode == "graph_amortised" else 1
+        graphs = []
+        for s, call in zip(streams, calls):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=s):
+                for _ in range(ops):
+                    call()
+            graphs.append(g)
+
+        def replay() -> float:
+            spent = 0.0
+            for s, g in zip(streams, graphs):
+                with torch.cuda.stream(s):
                     t0 = time.perf_counter()
-                    call()
-                    samples.append((time.perf_counter() - t0) * 1e6)
-                else:
-                    call()
+                    g.replay()
+                    spent += time.perf_counter() - t0
+            return spent
+
+        timer.time(WARMUP[mode], 1, replay)
+        times, host = timer.time(samples, 1, replay)
     torch.cuda.synchronize()
-    return statistics.median(samples)
+    for c, s in zip(comms, streams):
+        with torch.cuda.stream(s):
+            c.synchronize()  # raises what a rank's call hit
+    return [t / ops for t in times], host / len(streams)
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -104,9 +244,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     elem = torch.empty((), dtype=dtype).element_size()
     sizes = _parse_sizes(args.sizes)
-    capacity = max(sizes)
-    comms = local_group(args.world, args.device, capacity_bytes=capacity, pool_bytes=0)
+    comms = local_group(args.world, args.device, capacity_bytes=max(sizes), pool_bytes=0)
     streams = [torch.cuda.Stream(args.device) for _ in comms]
+    timer = _Timer(torch, streams)
     rows = []
     try:
         for size in sizes:
@@ -115,44 +255,21 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 [torch.zeros(n, dtype=dtype, device=f"cuda:{args.device}") for _ in range(2)] for _ in comms
             ]
             torch.cuda.synchronize()
-
-            def eager_round(bufs: list[list[Any]] = bufs) -> None:
-                for c, s, (x, y) in zip(comms, streams, bufs):
-                    with torch.cuda.stream(s):
-                        c.all_reduce(x, y, algorithm=args.algo)
-
+            # The same input into the same output on every call (symm-bench's buffers).
             py_calls = [
-                (lambda c=c, b=b: c.all_reduce(b[0], b[1], algorithm=args.algo)) for c, b in zip(comms, bufs)
+                (lambda c=c, x=x, y=y: c.all_reduce(x, y, algorithm=args.algo))
+                for c, (x, y) in zip(comms, bufs)
             ]
             native_calls = []
-            for c, s, b in zip(comms, streams, bufs):
-                d_in, d_out, handle = describe(b[0]), describe(b[1]), int(s.cuda_stream)
+            for c, s, (x, y) in zip(comms, streams, bufs):
+                d_in, d_out, handle = describe(x), describe(y), int(s.cuda_stream)
                 native_calls.append(
                     lambda n=c._native, i=d_in, o=d_out, h=handle: n.all_reduce(i, o, h, args.algo)
                 )
-            py_host = _host_us(torch, comms, streams, py_calls, args.host_iters)
-            native_host = _host_us(torch, comms, streams, native_calls, args.host_iters)
+            _, py_host = _measure(torch, timer, comms, streams, "eager", py_calls)
+            _, native_host = _measure(torch, timer, comms, streams, "eager", native_calls)
             for mode in args.modes:
-                if mode == "eager":
-                    times = _time_rounds(torch, streams, eager_round, 10, args.samples, args.warmup)
-                else:
-                    per_graph = 10 if mode == "graph_amortised" else 1
-                    graphs = [torch.cuda.CUDAGraph() for _ in comms]
-                    for c, s, g, (x, y) in zip(comms, streams, graphs, bufs):
-                        with torch.cuda.graph(g, stream=s):
-                            for i in range(per_graph):
-                                a, b = (x, y) if i % 2 == 0 else (y, x)
-                                c.all_reduce(a, b, algorithm=args.algo)
-
-                    def replay(graphs: list[Any] = graphs) -> None:
-                        for s, g in zip(streams, graphs):
-                            with torch.cuda.stream(s):
-                                g.replay()
-
-                    times = [t / per_graph for t in _time_rounds(torch, streams, replay, 1, args.samples, 2)]
-                for c, s in zip(comms, streams):
-                    with torch.cuda.stream(s):
-                        c.synchronize()
+                times, _ = _measure(torch, timer, comms, streams, mode, py_calls)
                 t = statistics.median(times)
                 algbw = n * elem / t / 1e3
                 rows.append(
@@ -177,7 +294,62 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         torch.cuda.synchronize()
         for c in comms:
             c.close()
+    if timer.gate.late:
+        print(
+            f"note: {timer.gate.late} samples were enqueued past their gate and include host time",
+            file=sys.stderr,
+        )
     return rows
+
+
+class _DuckTensor:
+    """A tensor's five accessors (what ``describe`` reads), for the host-only timing."""
+
+    def __init__(self, ptr: int, numel: int, dtype: str) -> None:
+        self._ptr, self._numel, self.dtype = ptr, numel, dtype
+        self.device = _DuckDevice()
+
+    def data_ptr(self) -> int:
+        return self._ptr
+
+    def numel(self) -> int:
+        return self._numel
+
+    def is_contiguous(self) -> bool:
+        return True
+
+
+class _DuckDevice:
+    type = "cuda"
+    index = 0
+
+
+def host_only(iters: int) -> list[tuple[str, float]]:
+    """Per-call host µs of the steps of an eager call that need no device (median of 5
+    batches of ``iters`` calls)."""
+    x = _DuckTensor(0x7F00_0000_0000, 4096, "torch.bfloat16")
+    y = _DuckTensor(0x7F00_0001_0000, 4096, "torch.bfloat16")
+    dx = describe(x)
+    check = _native.check_tensor
+    steps: list[tuple[str, Callable[[], Any]]] = [
+        ("describe(tensor), duck-typed", lambda: describe(x)),
+        ("native descriptor check + argument conversion, one tensor", lambda: check(dx, 0)),
+        (
+            "both tensors of an out-of-place call, described and checked",
+            lambda: (check(describe(x), 0), check(describe(y), 0)),
+        ),
+        ("python call overhead (empty function)", lambda: None),
+    ]
+    out = []
+    for name, fn in steps:
+        batches = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            batches.append((time.perf_counter() - t0) * 1e6 / iters)
+        out.append((name, statistics.median(batches)))
+    return out
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
@@ -199,15 +371,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--algo", default="auto", help="auto, low_latency, one_shot, two_shot")
     p.add_argument("--sizes", default="8K,32K,128K,512K,2M,8M", help="message sizes in bytes (K, M suffixes)")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated: " + ", ".join(MODES))
-    p.add_argument("--samples", type=int, default=50, help="timed samples per row and mode")
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--host-iters", type=int, default=200, help="eager calls timed on the host per size")
+    p.add_argument("--host-only", action="store_true", help="only the host steps that need no GPU")
+    p.add_argument("--host-iters", type=int, default=20000, help="calls per batch with --host-only")
     p.add_argument("--csv", help="also write the rows to this CSV file")
     args = p.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in args.modes if m not in MODES]
     if unknown:
         p.error(f"unknown mode(s) {unknown}: expected {', '.join(MODES)}")
+    if args.host_only:
+        for name, us in host_only(args.host_iters):
+            print(f"{us:8.3f} us  {name}")
+        return 0
     rows = run(args)
     print(format_table(rows))
     if args.csv:
