@@ -222,10 +222,10 @@ pub struct Config {
     /// besides the workspace; every peer maps it. The pool does not grow (docs/pool.md).
     pub pool_bytes: usize,
     /// Register each rank's symmetric allocation (the symmetric buffer and the pool) as an
-    /// NCCL window at setup (default `true`), on a communicator made by
+    /// NCCL window at setup (default `false`), on a communicator made by
     /// [`crate::Communicator::with_nccl_fallback`] with NCCL 2.27 or newer: calls routed to NCCL
     /// on those buffers then run NCCL's symmetric kernels where NCCL has one for the call
-    /// (docs/nccl-windows.md). [`NCCL_WINDOWS_ENV`]`=0` turns it off.
+    /// (docs/nccl-windows.md). [`NCCL_WINDOWS_ENV`]`=1` turns it on, `=0` off.
     pub nccl_windows: bool,
 }
 
@@ -263,7 +263,7 @@ pub(crate) enum FusedLimit {
 /// setup; the ranks compare their settings, so set it for all of them.
 pub const CHECK_ENV: &str = "SYMM_ALLREDUCE_CHECK";
 
-/// Environment variable: `0` turns [`Config::nccl_windows`] off. Read by every rank at setup;
+/// Environment variable: `1` turns [`Config::nccl_windows`] on, `0` off. Read by every rank at setup;
 /// the ranks compare their settings, so set it for all of them.
 pub const NCCL_WINDOWS_ENV: &str = "SYMM_ALLREDUCE_NCCL_WINDOWS";
 
@@ -285,7 +285,7 @@ impl Default for Config {
             multicast: Multicast::Off,
             reproducible: true,
             pool_bytes: 64 << 20,
-            nccl_windows: true,
+            nccl_windows: false,
         }
     }
 }
@@ -307,8 +307,10 @@ impl Config {
         if std::env::var(CHECK_ENV).is_ok_and(|v| v == "1") {
             self.check_divergence = true;
         }
-        if std::env::var(NCCL_WINDOWS_ENV).is_ok_and(|v| v == "0") {
-            self.nccl_windows = false;
+        match std::env::var(NCCL_WINDOWS_ENV).as_deref() {
+            Ok("1") => self.nccl_windows = true,
+            Ok("0") => self.nccl_windows = false,
+            _ => {}
         }
         self
     }

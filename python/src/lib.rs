@@ -61,7 +61,7 @@ macro_rules! with_type {
 }
 
 /// The names of every `Config` field, as keyword arguments.
-const CONFIG_KEYS: [&str; 14] = [
+const CONFIG_KEYS: [&str; 16] = [
     "capacity_bytes",
     "algorithm",
     "one_shot_max_bytes",
@@ -71,12 +71,37 @@ const CONFIG_KEYS: [&str; 14] = [
     "nccl_above_bytes",
     "peer_kernels",
     "pdl",
+    "pdl_at_exit",
     "check_divergence",
     "tuning",
     "multicast",
     "reproducible",
     "pool_bytes",
+    "nccl_windows",
 ];
+
+/// Fails to compile when `Config` gains a field: add it to [`CONFIG_KEYS`], [`parse_config`]
+/// and [`config_dict`], then here.
+const _: fn(Config) = |c| {
+    let Config {
+        capacity_bytes: _,
+        algorithm: _,
+        one_shot_max_bytes: _,
+        max_blocks_per_rank: _,
+        low_latency_max_bytes: _,
+        timeout: _,
+        nccl_above_bytes: _,
+        peer_kernels: _,
+        pdl: _,
+        pdl_at_exit: _,
+        check_divergence: _,
+        tuning: _,
+        multicast: _,
+        reproducible: _,
+        pool_bytes: _,
+        nccl_windows: _,
+    } = c;
+};
 
 fn parse_algorithm(name: &str) -> PyResult<Algorithm> {
     name.parse::<Algorithm>().map_err(invalid_call)
@@ -124,6 +149,7 @@ fn parse_config(options: Option<&Bound<'_, PyDict>>) -> PyResult<Config> {
             "nccl_above_bytes" => c.nccl_above_bytes = value.extract().map_err(bad)?,
             "peer_kernels" => c.peer_kernels = value.extract().map_err(bad)?,
             "pdl" => c.pdl = value.extract().map_err(bad)?,
+            "pdl_at_exit" => c.pdl_at_exit = value.extract().map_err(bad)?,
             "check_divergence" => c.check_divergence = value.extract().map_err(bad)?,
             "tuning" => {
                 let path: std::path::PathBuf = value.extract().map_err(bad)?;
@@ -132,6 +158,7 @@ fn parse_config(options: Option<&Bound<'_, PyDict>>) -> PyResult<Config> {
             "multicast" => c.multicast = parse_multicast(&value.extract::<String>().map_err(bad)?)?,
             "reproducible" => c.reproducible = value.extract().map_err(bad)?,
             "pool_bytes" => c.pool_bytes = value.extract().map_err(bad)?,
+            "nccl_windows" => c.nccl_windows = value.extract().map_err(bad)?,
             _ => {
                 return Err(invalid_call(format!(
                     "unknown config keyword {key:?}: expected one of {}",
@@ -156,6 +183,7 @@ fn config_dict<'py>(py: Python<'py>, c: &Config) -> PyResult<Bound<'py, PyDict>>
     d.set_item("nccl_above_bytes", c.nccl_above_bytes)?;
     d.set_item("peer_kernels", c.peer_kernels)?;
     d.set_item("pdl", c.pdl)?;
+    d.set_item("pdl_at_exit", c.pdl_at_exit)?;
     d.set_item("check_divergence", c.check_divergence)?;
     let tuning = c.tuning.as_ref().map(|t| {
         t.origin()
@@ -165,6 +193,7 @@ fn config_dict<'py>(py: Python<'py>, c: &Config) -> PyResult<Bound<'py, PyDict>>
     d.set_item("multicast", c.multicast.name())?;
     d.set_item("reproducible", c.reproducible)?;
     d.set_item("pool_bytes", c.pool_bytes)?;
+    d.set_item("nccl_windows", c.nccl_windows)?;
     Ok(d)
 }
 

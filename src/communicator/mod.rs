@@ -220,12 +220,6 @@ impl Communicator {
         s: &Setup,
         fallback: &std::result::Result<Fallback, String>,
     ) -> Result<Windows> {
-        if !s.config.nccl_windows {
-            return Ok(Windows::off(format!(
-                "Config::nccl_windows is false (or {}=0)",
-                crate::config::NCCL_WINDOWS_ENV
-            )));
-        }
         let peer = match &s.established {
             Established::Peer(peer) => peer,
             Established::NcclOnly { .. } => return Ok(Windows::off(NCCL_ONLY_NO_WINDOWS)),
@@ -235,6 +229,12 @@ impl Communicator {
             Ok(Fallback::Cudarc { .. }) => return Ok(Windows::off(CALLERS_NCCL_NO_WINDOWS)),
             Err(why) => return Ok(Windows::off(format!("no NCCL fallback ({why})"))),
         };
+        if !s.config.nccl_windows {
+            return Ok(Windows::off(format!(
+                "Config::nccl_windows is false (the default; {}=1 turns it on)",
+                crate::config::NCCL_WINDOWS_ENV
+            )));
+        }
         let region = peer
             .workspace()
             .own_mapping(s.rank)

@@ -135,6 +135,7 @@ impl Windowed {
             // Every timed call is forced to NCCL: the kernels' workspace stays small.
             capacity_bytes: 64 << 10,
             pool_bytes: 2 * capacity + (1 << 20),
+            nccl_windows: true,
             ..Config::default()
         };
         let hub = LocalHub::new(ctxs.len(), std::time::Duration::from_secs(120));
