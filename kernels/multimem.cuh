@@ -18,10 +18,8 @@
 //                     the per-block arrival total kept by the owner. The counter only grows (no
 //                     reset, no wrap in 2^64 arrivals); the target is kept per block, so the grid
 //                     may change between calls (every rank launches the same grid per call).
-//  * `fence.proxy.alias` around each barrier, in every thread: the kernels touch the same bytes
-//    through both addresses (the one-shot copies its input in through the unicast address and
-//    every rank reads it through `mc`; the in-place kernel's tail and the counters' wait are
-//    unicast), and the caller writes the buffers through the unicast address.
+//  * one `fence.proxy.alias` per barrier, in thread 0 only, after its wait has seen every
+//    arrival (why one, and why there: `barrier_impl`).
 //
 // The summation order inside the switch is unspecified: results of `load_reduce` are identical
 // on every rank (each element is reduced once and broadcast) but not guaranteed bit-identical to
@@ -212,9 +210,29 @@ struct MultimemColl {
         return barrier_impl(phase, epoch, true);
     }
 
+    // Why exactly one alias fence, in thread 0, after the wait. The kernels reach the same bytes
+    // through two virtual addresses: the one-shot copies its input in through the unicast
+    // address and every rank reads it through `mc`; the in-place kernel reads and writes
+    // through `mc` what the caller wrote, and reads afterwards, through the unicast address.
+    // Addresses that alias behave as different proxies: the PTX memory model (PTX ISA,
+    // "Causality order", proxy-preserved base causality order) orders a write X through one
+    // alias before a read or write Y through the other only if an alias proxy fence lies
+    // somewhere on the base causality path from X to Y, in any thread of it. Every such path
+    // through this barrier runs X -> (__syncthreads) -> thread 0 of the writing rank -> its
+    // release `multimem.red` -> thread 0 of the reading rank, whose acquire poll reads the
+    // total -> (__syncthreads) -> Y, the writing and the reading rank being the same rank
+    // included. One fence in the reading rank's thread 0 between its successful acquire and the
+    // closing __syncthreads lies on every one of them. A fence in the other threads, or a
+    // second one before the release, adds nothing to any path (a proxy fence orders only the
+    // accesses of the thread that issues it, and no thread touches one address through both
+    // aliases without a barrier in between); each compiles to a `MEMBAR.SC.SYS` (or `.GPU`) and a
+    // `CCTL.IVALL` on sm_90. Paths that cross a kernel boundary instead (the caller's writes
+    // before the call, its reads after it, buffer reuse two calls later) need no fence: kernel
+    // completion and start take part in proxy-preserved base causality order. The counter is
+    // written through `mc` and polled through the unicast address; this thread needs no order
+    // between its own `red` and its poll (the total it waits for includes its own arrival,
+    // which only has to land), and the release/acquire pair is the one NVLS barriers use.
     __device__ __forceinline__ bool barrier_impl(uint32_t phase, uint64_t epoch, bool arrives) const {
-        // Every thread's unicast writes before any multicast access after the barrier.
-        fence_proxy_alias();
         __syncthreads();
         int failed = 0;
         if (threadIdx.x == 0) {
@@ -223,7 +241,6 @@ struct MultimemColl {
             uint64_t* expected = reinterpret_cast<uint64_t*>(own + MC_EXPECTED_OFFSET) + slot;
             const uint64_t target = *expected + a.world;
             *expected = target;
-            fence_proxy_alias();
             multimem_arrive_sys(reinterpret_cast<uint64_t*>(mc + MC_SIGNAL_OFFSET + slot * MC_SIGNAL_STRIDE));
             const uint64_t* mine = reinterpret_cast<const uint64_t*>(own + MC_SIGNAL_OFFSET + slot * MC_SIGNAL_STRIDE);
             Deadline d;
@@ -234,14 +251,13 @@ struct MultimemColl {
                     break;
                 }
             }
+            // The one alias fence (above): every peer's writes, through either address, before
+            // the block's accesses through the other. (After a failed wait nothing is read.)
+            if (!failed) fence_proxy_alias();
         } else if (arrives && threadIdx.x >= 32) {
             publish(a, epoch, 32);
         }
-        const bool ok = __syncthreads_or(failed) == 0;
-        // The peers' writes (multicast or unicast) before this thread's accesses through
-        // either address.
-        fence_proxy_alias();
-        return ok;
+        return __syncthreads_or(failed) == 0;
     }
 };
 
