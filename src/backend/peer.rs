@@ -503,3 +503,123 @@ impl PeerBackend {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use cudarc::driver::sys::{CUlaunchAttributeID as Id, CUlaunchMemSyncDomain};
+
+    use super::*;
+    use crate::kernels::registry::KERNELS;
+
+    /// The driver attributes of `attrs`, as (id, value) in the order they are passed.
+    fn driver(attrs: LaunchAttrs) -> Vec<(Id, i64)> {
+        let (list, n) = attrs.driver();
+        list[..n]
+            .iter()
+            .map(|a| {
+                // SAFETY: the union member read is the one `driver()` set for this id.
+                let value = unsafe {
+                    match a.id {
+                        Id::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION => {
+                            i64::from(a.value.programmaticStreamSerializationAllowed)
+                        }
+                        Id::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN => a.value.memSyncDomain as i64,
+                        other => panic!("unexpected launch attribute {other:?}"),
+                    }
+                };
+                (a.id, value)
+            })
+            .collect()
+    }
+
+    /// Every launch path of the backend: every kernel of the table (the collectives, the
+    /// all-gathers, the fused and unfused norm kernels) and the helpers.
+    fn every_path() -> Vec<Launched> {
+        KERNELS
+            .iter()
+            .map(|spec| Launched::Table(spec.kernel))
+            .chain([
+                Launched::Empty,
+                Launched::SyncFloor,
+                Launched::Spin,
+                Launched::Produce,
+                Launched::Consume,
+            ])
+            .collect()
+    }
+
+    #[test]
+    fn every_launch_path_carries_pdl_and_the_configured_domain() {
+        let pdl = (Id::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, 1);
+        let remote = (
+            Id::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN,
+            CUlaunchMemSyncDomain::CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE as i64,
+        );
+        let only_pdl = LaunchAttrs {
+            pdl: true,
+            remote_domain: false,
+        };
+        let both = LaunchAttrs {
+            pdl: true,
+            remote_domain: true,
+        };
+        for path in every_path() {
+            let (with_pdl, with_both) = (driver(path.attributes(only_pdl)), driver(path.attributes(both)));
+            match path {
+                // Launched as a user's GEMM would be: no attribute, whatever is configured.
+                Launched::Produce => {
+                    assert!(with_pdl.is_empty() && with_both.is_empty(), "{path:?}")
+                }
+                // The kernel after a call: PDL as configured, the default domain.
+                Launched::Consume => {
+                    assert_eq!(with_pdl, [pdl], "{path:?}");
+                    assert_eq!(with_both, [pdl], "{path:?}");
+                }
+                _ => {
+                    assert_eq!(with_pdl, [pdl], "{path:?}");
+                    assert_eq!(with_both, [pdl, remote], "{path:?}");
+                }
+            }
+            // Nothing configured (PDL off, or a device older than 9.0): a plain launch.
+            assert!(driver(path.attributes(LaunchAttrs::default())).is_empty(), "{path:?}");
+        }
+        // The remote domain alone (PDL off) is passed alone.
+        let domain_only = LaunchAttrs {
+            pdl: false,
+            remote_domain: true,
+        };
+        assert_eq!(driver(Launched::Table(Kernel::FusedOneShot).attributes(domain_only)), [remote]);
+    }
+
+    /// The attributes of every launch come from `Launched::attributes` (so the table test above
+    /// covers every launch path), and `kernels/launch.rs` has one driver launch call of each
+    /// kind, in its one helper: no launch path with attributes of its own.
+    #[test]
+    fn every_launch_takes_its_attributes_from_the_launch_table() {
+        let peer = include_str!("peer.rs");
+        let code: String = peer
+            .split("#[cfg(test)]")
+            .next()
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let calls = code.matches("launch::launch").count();
+        // The gather, the norm, the producer, the consumer and `launch_function`.
+        assert_eq!(calls, 5, "launch::launch, launch_gather, launch_norm calls in peer.rs");
+        // Every grid passed to a launch holds `self.attributes(…)`: directly (the gather, the
+        // norm, the producer, the consumer) or through `launch_function` (everything else).
+        assert_eq!(code.matches("self.attributes(").count(), calls);
+        // `LaunchAttrs` values are built only in `new` (the configured ones) and in
+        // `Launched::attributes`.
+        let literals = code.matches("LaunchAttrs {").count() - code.matches("-> LaunchAttrs {").count();
+        assert_eq!(literals, 2);
+        assert_eq!(code.matches("LaunchAttrs::default()").count(), 1);
+        let launch = include_str!("../kernels/launch.rs");
+        let launch = launch.split("#[cfg(test)]").next().unwrap_or_default();
+        assert_eq!(launch.matches("sys::cuLaunchKernelEx(").count(), 1);
+        assert_eq!(launch.matches("result::launch_kernel(").count(), 1);
+        assert_eq!(launch.matches("launch_raw(").count(), 4, "the helper and its three callers");
+    }
+}
