@@ -12,6 +12,8 @@
 //  * broadcast_line:  one `multimem.st.relaxed.sys.global.v4` of the 16-byte low-latency line
 //                     into this rank's slot of every rank's low-latency buffer, its own included
 //                     (see low_latency.cuh for why that own copy is harmless).
+//  * broadcast_word:  one `multimem.st.relaxed.sys.global.b32` of a 32-bit low-latency word,
+//                     likewise (the low-latency all-reduce's word-per-thread path).
 //  * barrier:         one `multimem.red.release.sys.global.add.u64` of 1 on a per-(phase, block)
 //                     multicast counter (it adds 1 to every rank's copy), then an acquire wait
 //                     (.sys) on this rank's own copy through its unicast address until it holds
@@ -126,6 +128,17 @@ __device__ __forceinline__ void multimem_st_v4(void* p, uint4 v) {
 #endif
 }
 
+// Stores the 32-bit `v` at multicast address `p` (every rank's copy).
+__device__ __forceinline__ void multimem_st_b32(void* p, uint32_t v) {
+#if SYMM_MULTIMEM
+    asm volatile("multimem.st.relaxed.sys.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+#else
+    (void)p;
+    (void)v;
+    __trap();
+#endif
+}
+
 // Adds 1 to every rank's copy of the counter at multicast address `p`, after this thread's
 // (and, behind the caller's __syncthreads, its block's) earlier writes.
 __device__ __forceinline__ void multimem_arrive_sys(uint64_t* p) {
@@ -145,8 +158,9 @@ __device__ __forceinline__ void fence_proxy_alias() {
 }
 
 struct MultimemColl {
-    // The low-latency all-reduce pushes whole 16-byte lines (one multicast store each).
-    static constexpr bool WORDS = false;
+    // The low-latency all-reduce moves one 32-bit word per thread, as with `UnicastColl`: one
+    // multicast store of the word instead of W - 1 unicast ones.
+    static constexpr bool WORDS = true;
     const SymmArgs& a;
     char* mc;         // multicast address of the bound allocations
     uint64_t offset;  // where the buffer lies in every rank's allocation
@@ -194,6 +208,17 @@ struct MultimemColl {
         const uint4 v = make_uint4(static_cast<uint32_t>(words.x), static_cast<uint32_t>(words.x >> 32),
                                    static_cast<uint32_t>(words.y), static_cast<uint32_t>(words.y >> 32));
         multimem_st_v4(mc + own, v);
+    }
+
+    // Word `i` of the low-latency lines into this rank's slot of low-latency buffer `buffer` of
+    // every rank, its own included (write-only: see `broadcast_line`), with one 32-bit
+    // multicast store: single-copy atomic in every copy, so a reader's 32-bit poll sees the
+    // sentinel or the word.
+    __device__ __forceinline__ void broadcast_word(uint32_t buffer, uint64_t i, uint32_t wire) const {
+        SYMM_POLICY_MARK("broadcast_word");
+        const uint64_t own = reinterpret_cast<uint64_t>(ll_line(a, a.rank, buffer, a.rank, 0)) + i * sizeof(uint32_t) -
+                             reinterpret_cast<uint64_t>(rank_alloc(a, a.rank));
+        multimem_st_b32(mc + own, wire);
     }
 
     // Barrier between block blockIdx.x of every rank (false in every thread if the wait timed

@@ -1,13 +1,15 @@
 //! The multimem (NVLS) kernels checked in the compiled code, on the CPU (they are never run on
-//! this project's machines): the embedded compute_90 PTX and the `ptxas -v` report.
+//! this project's machines): the embedded compute_90 PTX, the `ptxas -v` report and the sm_90
+//! SASS (tests/support/sass.rs).
 //!
 //! - 16-bit reductions accumulate in fp32 (`.acc::f32`), never the bf16-accumulating form;
 //!   f32 uses `.add.v4.f32`; `multimem.red` is never used for data, only on the u64 signal
 //!   counter, with release semantics at system scope; no multimem at `.gpu`/`.cta` scope;
 //! - the multimem and the unicast instantiations of each body (in-place two-shot, one-shot,
 //!   low-latency) call the collective policy in the same order (the `symm-policy` markers);
-//! - the multimem low-latency kernel pushes with `multimem.st` and reduces nothing in the
-//!   switch (no `ld_reduce`, no `red`): its sums are the peer kernels' rank-order sums;
+//! - the multimem low-latency kernel pushes with `multimem.st` (one 32-bit store per word,
+//!   one 16-byte store per line) and reduces nothing in the switch
+//!   (no `ld_reduce`, no `red`): its sums are the peer kernels' rank-order sums;
 //! - the multimem barrier issues one `fence.proxy.alias` per barrier, in thread 0 after its
 //!   acquire wait, and no other fence (the PTX and the sm_90 SASS);
 //! - the sm_80 code has no multimem kernel (ptxas compiled none for sm_80).
@@ -37,7 +39,11 @@ const PAIRS: [(&str, &str, &[&str]); 3] = [
         "one_shot_mm",
         &["barrier_arrive", "load_reduce", "load_reduce_element"],
     ),
-    ("one_shot_ll", "one_shot_ll_mm", &["broadcast_line"]),
+    (
+        "one_shot_ll",
+        "one_shot_ll_mm",
+        &["broadcast_word", "broadcast_line"],
+    ),
 ];
 
 /// The multimem kernels that reduce in the switch (`multimem.ld_reduce`) and synchronise with
@@ -113,28 +119,31 @@ fn sixteen_bit_reductions_accumulate_in_fp32_and_f32_uses_add_v4_f32() {
 }
 
 #[test]
-fn multimem_stores_move_16_bytes_at_system_scope() {
-    if !kernels_or_skip("multimem_stores_move_16_bytes_at_system_scope") {
+fn multimem_stores_move_16_bytes_or_a_word_at_system_scope() {
+    if !kernels_or_skip("multimem_stores_move_16_bytes_or_a_word_at_system_scope") {
         return;
     }
     // The in-place all-gather and the low-latency push store through the multicast address;
-    // the one-shot only reads through it.
+    // the one-shot only reads through it. (16-byte stores, 32-bit word stores.)
     for (kernel, stores) in [
-        ("in_place_mm", true),
-        ("one_shot_mm", false),
-        ("one_shot_ll_mm", true),
+        ("in_place_mm", (1, 0)),
+        ("one_shot_mm", (0, 0)),
+        ("one_shot_ll_mm", (1, 1)),
     ] {
         for dtype in DTYPES {
             let body = entry(&format!("symm_{kernel}_{dtype}"));
             let found = lines_with(body, "multimem.st");
-            assert_eq!(!found.is_empty(), stores, "{kernel} {dtype}: {found:?}");
-            for l in &found {
-                // One form for every dtype: 16 bytes, whatever they hold.
-                assert!(
-                    l.starts_with("multimem.st.relaxed.sys.global.v4.f32 "),
-                    "{kernel} {dtype}: {l}"
-                );
-            }
+            // One form for every dtype: 16 bytes or a 32-bit word, whatever they hold.
+            let lines = found
+                .iter()
+                .filter(|l| l.starts_with("multimem.st.relaxed.sys.global.v4.f32 "))
+                .count();
+            let words = found
+                .iter()
+                .filter(|l| l.starts_with("multimem.st.relaxed.sys.global.b32 "))
+                .count();
+            assert_eq!(lines + words, found.len(), "{kernel} {dtype}: {found:?}");
+            assert_eq!((lines, words), stores, "{kernel} {dtype}: {found:?}");
         }
     }
 }
@@ -151,10 +160,22 @@ fn the_multimem_low_latency_kernel_pushes_with_multicast_and_sums_in_rank_order(
         // in rank order as the unicast kernel does, so both give the peer kernels' bits.
         assert!(lines_with(mm, "multimem.ld_reduce").is_empty(), "{dtype}");
         assert!(lines_with(mm, "multimem.red").is_empty(), "{dtype}");
+        // One multicast store per word (the word-per-thread path, every message the grid
+        // covers) and one per line (longer messages), where the unicast kernel stores W - 1
+        // times.
         assert_eq!(
-            lines_with(mm, "multimem.st").len(),
+            lines_with(mm, "multimem.st.relaxed.sys.global.b32").len(),
+            1,
+            "{dtype}: one multicast store per word"
+        );
+        assert_eq!(
+            lines_with(mm, "multimem.st.relaxed.sys.global.v4.f32").len(),
             1,
             "{dtype}: one multicast store per line"
+        );
+        assert!(
+            !lines_with(unicast, "st.relaxed.sys.global.u32").is_empty(),
+            "{dtype}: the unicast word push"
         );
         // The push replaced the unicast stores; the polls and the re-arm are the same.
         for body in [mm, unicast] {

@@ -315,14 +315,15 @@ impl PeerBackend {
         let func = self.kernels.get(kernel, dtype)?;
         let args = (kernel != Kernel::RmsNorm)
             .then(|| self.call_args(Some(kernel), dtype, fused_check_len(norm.tokens, norm.hidden), 0));
-        // SAFETY: the fused kernels take (NormArgs, SymmArgs) and the unfused one (NormArgs),
-        // with the table column's dtype; the caller validated the ranges; the workspace and
-        // the error word in `args` outlive the launch (the communicator's Drop synchronises).
         let grid = (
             plan.blocks,
             plan.threads,
             self.attributes(Launched::Table(kernel)),
         );
+        // SAFETY: the fused kernels take (NormArgs, SymmArgs) and the unfused one (NormArgs),
+        // with the table column's dtype; the caller validated the ranges; the workspace and
+        // the error word in `args` outlive the launch (the communicator's Drop synchronises);
+        // the attributes are set only on devices of compute capability 9.0 and newer.
         unsafe { launch::launch_norm(func, grid, norm, args.as_ref(), stream) }
     }
 
@@ -581,14 +582,20 @@ mod tests {
                 }
             }
             // Nothing configured (PDL off, or a device older than 9.0): a plain launch.
-            assert!(driver(path.attributes(LaunchAttrs::default())).is_empty(), "{path:?}");
+            assert!(
+                driver(path.attributes(LaunchAttrs::default())).is_empty(),
+                "{path:?}"
+            );
         }
         // The remote domain alone (PDL off) is passed alone.
         let domain_only = LaunchAttrs {
             pdl: false,
             remote_domain: true,
         };
-        assert_eq!(driver(Launched::Table(Kernel::FusedOneShot).attributes(domain_only)), [remote]);
+        assert_eq!(
+            driver(Launched::Table(Kernel::FusedOneShot).attributes(domain_only)),
+            [remote]
+        );
     }
 
     /// The attributes of every launch come from `Launched::attributes` (so the table test above
@@ -607,7 +614,10 @@ mod tests {
             .join("\n");
         let calls = code.matches("launch::launch").count();
         // The gather, the norm, the producer, the consumer and `launch_function`.
-        assert_eq!(calls, 5, "launch::launch, launch_gather, launch_norm calls in peer.rs");
+        assert_eq!(
+            calls, 5,
+            "launch::launch, launch_gather, launch_norm calls in peer.rs"
+        );
         // Every grid passed to a launch holds `self.attributes(…)`: directly (the gather, the
         // norm, the producer, the consumer) or through `launch_function` (everything else).
         assert_eq!(code.matches("self.attributes(").count(), calls);
@@ -620,6 +630,10 @@ mod tests {
         let launch = launch.split("#[cfg(test)]").next().unwrap_or_default();
         assert_eq!(launch.matches("sys::cuLaunchKernelEx(").count(), 1);
         assert_eq!(launch.matches("result::launch_kernel(").count(), 1);
-        assert_eq!(launch.matches("launch_raw(").count(), 4, "the helper and its three callers");
+        assert_eq!(
+            launch.matches("launch_raw(").count(),
+            4,
+            "the helper and its three callers"
+        );
     }
 }

@@ -89,7 +89,7 @@ pub(crate) fn explain(
         Rule::MultimemSize => match algorithm {
             Algorithm::MultimemLowLatency => format!(
                 "{bytes} bytes <= low-latency limit ({ll_limit}{from_table}), multicast set up: low-latency \
-                 with one multicast store per line (rank-order sums: the same bits as the peer kernels)"
+                 with one multicast store per word or line (rank-order sums: the same bits as the peer kernels)"
             ),
             _ => format!(
                 "{bytes} bytes <= one-shot limit ({limit}{from_table}), multicast set up, Config::reproducible \
@@ -270,7 +270,7 @@ mod tests {
         let p = algo(small, &reproducible, on);
         assert_eq!(p.algorithm, Algorithm::MultimemLowLatency, "{p}");
         assert!(
-            p.reason.contains("one multicast store per line") && p.reason.contains("same bits"),
+            p.reason.contains("one multicast store per word or line") && p.reason.contains("same bits"),
             "{p}"
         );
         let p = algo(mid, &reproducible, on);
