@@ -231,3 +231,24 @@ pub(crate) unsafe fn launch_norm(
     // points at the locals above.
     unsafe { launch_raw(func, grid, params, stream) }
 }
+
+#[cfg(test)]
+mod tests {
+    /// One driver launch call of each kind, both in the one helper, which the three parameter
+    /// shapes call: no launch path with a mechanism or attributes of its own.
+    #[test]
+    fn every_launch_goes_through_the_one_helper() {
+        let code = include_str!("launch.rs");
+        let code = code.split("#[cfg(test)]").next().unwrap_or_default();
+        assert_eq!(code.matches("sys::cuLaunchKernelEx(").count(), 1);
+        assert_eq!(code.matches("result::launch_kernel(").count(), 1);
+        assert_eq!(
+            code.matches("launch_raw(").count(),
+            4,
+            "the helper and its three callers"
+        );
+        let helper = &code[code.find("unsafe fn launch_raw(").unwrap()..];
+        let helper = &helper[..helper.find("\n}\n").unwrap()];
+        assert!(helper.contains("sys::cuLaunchKernelEx(") && helper.contains("result::launch_kernel("));
+    }
+}
