@@ -4,7 +4,7 @@
 // or the legacy symmetric buffer lies at the same offset of every rank's allocation).
 // `MultimemColl` (multimem.cuh, sm_90 only) is the NVLS policy beside it: `load_reduce` as one
 // `multimem.ld_reduce...add.acc::f32` on the multicast address, `broadcast_store` and
-// `broadcast_line` as one `multimem.st`, the barriers by `multimem.red.release.sys` on a
+// `broadcast_line` and `broadcast_word` as one `multimem.st`, the barriers by `multimem.red.release.sys` on a
 // multicast counter (docs/multicast.md).
 //
 // The policy methods:
@@ -12,6 +12,8 @@
 //  * broadcast_store(pack, v): v into every rank's buffer;
 //  * broadcast_line(buffer, line, words): a low-latency line into this rank's slot of every
 //    peer's low-latency buffer (the buffer's offset is not used);
+//  * broadcast_word(buffer, i, wire): word i of the low-latency lines, likewise (the
+//    low-latency all-reduce's word-per-thread path, `WORDS`);
 //  * barrier(phase, epoch), barrier_arrive(phase, epoch): the per-block barrier between ranks,
 //    the second also counting the block's arrival for the call (a kernel without end_call).
 #pragma once
@@ -75,6 +77,18 @@ struct UnicastColl {
 #pragma unroll
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
             if (q < a.world && q != a.rank) st_line_sys(reinterpret_cast<ulonglong2*>(rank0_slot + q * a.stride), words);
+        }
+    }
+
+    // Word `i` of the low-latency lines (`ll_all_reduce_word`) into this rank's slot of
+    // low-latency buffer `buffer` of every peer: W - 1 single-copy-atomic 32-bit stores. This
+    // rank's own slot is not written.
+    __device__ __forceinline__ void broadcast_word(uint32_t buffer, uint64_t i, uint32_t wire) const {
+        SYMM_POLICY_MARK("broadcast_word");
+        char* rank0_slot = reinterpret_cast<char*>(ll_line(a, 0, buffer, a.rank, 0)) + i * sizeof(uint32_t);
+#pragma unroll
+        for (uint32_t q = 0; q < MAX_RANKS; ++q) {
+            if (q < a.world && q != a.rank) st_relaxed_sys_u32(reinterpret_cast<uint32_t*>(rank0_slot + q * a.stride), wire);
         }
     }
 

@@ -99,10 +99,14 @@ __device__ __forceinline__ void add_rmsnorm_row(const NormArgs& f, uint64_t row,
     }
 }
 
-// Unfused: `input` holds the all-reduced sums. No workspace, no protocol.
+// Unfused: `input` holds the all-reduced sums. No workspace, no protocol. Launched with
+// Programmatic Dependent Launch like every kernel of the table, so it waits for its
+// predecessor (the all-reduce that wrote `input`, which lets it launch early) before it reads
+// anything.
 template <typename T>
 __device__ __forceinline__ void residual_rmsnorm(const NormArgs& f) {
     __shared__ float red[17];
+    pdl_wait();
     const uint32_t packs = f.hidden / Elem<T>::PER_PACK;
     for (uint64_t row = blockIdx.x; row < f.tokens; row += gridDim.x) {
         const uint4* s = reinterpret_cast<const uint4*>(f.input) + row * packs;

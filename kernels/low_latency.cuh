@@ -157,7 +157,8 @@ __device__ __forceinline__ uint32_t load_word(const T* in, uint64_t n, uint64_t 
 
 // The low-latency all-reduce with one 32-bit word per thread (every message whose words the
 // grid covers, which is every one the low-latency kernel takes): thread i pushes word i of
-// its input into its slot of every peer's buffer, polls word i of every peer's slot in its
+// its input into its slot of every peer's buffer (the policy's `broadcast_word`: W - 1
+// unicast stores, or one multicast store), polls word i of every peer's slot in its
 // own buffer until none reads as the all-ones sentinel, sums them in rank order 0..W-1 in
 // fp32 (its own word from registers) and re-arms them. 32-bit stores are single-copy atomic
 // and the sentinel is a 32-bit word, so a word is either the sentinel or the peer's data;
@@ -167,18 +168,13 @@ __device__ __forceinline__ uint32_t load_word(const T* in, uint64_t n, uint64_t 
 // so the bits are every other algorithm's. Why words and not lines: each thread's critical
 // path (its sum above all) shrinks fourfold, and on the H200 every instruction on it shows
 // (docs/design.md, "Words, not lines"). False when the wait failed.
-template <typename T>
-__device__ __forceinline__ bool ll_all_reduce_word(const T* in, T* out, uint64_t n, const SymmArgs& a,
-                                                   uint32_t buffer, uint64_t i) {
+template <typename Coll, typename T>
+__device__ __forceinline__ bool ll_all_reduce_word(const Coll& coll, const T* in, T* out, uint64_t n,
+                                                   const SymmArgs& a, uint32_t buffer, uint64_t i) {
     constexpr uint32_t PER_WORD = 4 / sizeof(T);
     constexpr uint32_t NOT_ARRIVED = 0xffffffffu;
     const uint32_t own = load_word(in, n, i, is_aligned(in, 4));
-    const uint32_t wire = wire_word(own);
-    char* rank0_slot = reinterpret_cast<char*>(ll_line(a, 0, buffer, a.rank, 0)) + i * sizeof(uint32_t);
-#pragma unroll
-    for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-        if (q < a.world && q != a.rank) st_relaxed_sys_u32(reinterpret_cast<uint32_t*>(rank0_slot + q * a.stride), wire);
-    }
+    coll.broadcast_word(buffer, i, wire_word(own));
 
     uint32_t* source0 = reinterpret_cast<uint32_t*>(ll_line(a, a.rank, buffer, 0, 0)) + i;
     const uint64_t slot = a.ll_slot_bytes / sizeof(uint32_t);
@@ -231,8 +227,8 @@ __device__ __forceinline__ bool ll_all_reduce_word(const T* in, T* out, uint64_t
 // k % 3 is written next in call k + 3, which no peer can start before r has finished call
 // k + 2 — and r re-armed its lines of buffer k % 3 before its call k ended. Setup fills the
 // whole region with the sentinel. A thread handles one 32-bit word of the lines
-// (`ll_all_reduce_word`, the unicast push whenever the grid covers the message) or one
-// 16-byte line per step (the multicast push, or a message larger than the grid).
+// (`ll_all_reduce_word`, whenever the grid covers the message) or one 16-byte line per step
+// (a message larger than the grid).
 //
 // The region is shared by every low-latency kernel (this one, `reduce_scatter_ll`,
 // `all_gather_ll`, `fused_low_latency`): line l of slot (buffer, source) is at the same place
@@ -241,9 +237,9 @@ __device__ __forceinline__ bool ll_all_reduce_word(const T* in, T* out, uint64_t
 // So after any sequence of calls every line not in flight holds the sentinel, whatever the
 // collectives.
 //
-// The multicast push (`MultimemColl::broadcast_line`) changes two things, and the argument
-// holds for both:
-//  * The line lands in every rank's slot for this rank, its own slot (owner r, source r)
+// The multicast push (`MultimemColl::broadcast_word`, `broadcast_line`) changes two things,
+// and the argument holds for both:
+//  * The word or line lands in every rank's slot for this rank, its own slot (owner r, source r)
 //    included. That slot is write-only: no rank reads it (the owner takes its contribution
 //    from its input, the peers read only their own allocations) and nobody re-arms it, so
 //    what it holds never matters. The peers' slots for r are re-armed by their owners as
@@ -266,7 +262,7 @@ __device__ __forceinline__ void one_shot_ll(const T* in, T* out, uint64_t n, con
     if (Coll::WORDS && words <= loop.step) {
         // One 32-bit word per thread (`ll_all_reduce_word`); a thread past the message has
         // nothing to wait for and so does not let the next kernel launch.
-        if (loop.first < words && ll_all_reduce_word(in, out, n, a, buffer, loop.first)) pdl_trigger(a);
+        if (loop.first < words && ll_all_reduce_word(coll, in, out, n, a, buffer, loop.first)) pdl_trigger(a);
     } else {
         // One 16-byte line per thread and step; the first line stays in registers as this
         // rank's own contribution.

@@ -12,16 +12,16 @@
 //  * broadcast_line:  one `multimem.st.relaxed.sys.global.v4` of the 16-byte low-latency line
 //                     into this rank's slot of every rank's low-latency buffer, its own included
 //                     (see low_latency.cuh for why that own copy is harmless).
+//  * broadcast_word:  one `multimem.st.relaxed.sys.global.b32` of a 32-bit low-latency word,
+//                     likewise (the low-latency all-reduce's word-per-thread path).
 //  * barrier:         one `multimem.red.release.sys.global.add.u64` of 1 on a per-(phase, block)
 //                     multicast counter (it adds 1 to every rank's copy), then an acquire wait
 //                     (.sys) on this rank's own copy through its unicast address until it holds
 //                     the per-block arrival total kept by the owner. The counter only grows (no
 //                     reset, no wrap in 2^64 arrivals); the target is kept per block, so the grid
 //                     may change between calls (every rank launches the same grid per call).
-//  * `fence.proxy.alias` around each barrier, in every thread: the kernels touch the same bytes
-//    through both addresses (the one-shot copies its input in through the unicast address and
-//    every rank reads it through `mc`; the in-place kernel's tail and the counters' wait are
-//    unicast), and the caller writes the buffers through the unicast address.
+//  * one `fence.proxy.alias` per barrier, in thread 0 only, after its wait has seen every
+//    arrival (why one, and why there: `barrier_impl`).
 //
 // The summation order inside the switch is unspecified: results of `load_reduce` are identical
 // on every rank (each element is reduced once and broadcast) but not guaranteed bit-identical to
@@ -128,6 +128,17 @@ __device__ __forceinline__ void multimem_st_v4(void* p, uint4 v) {
 #endif
 }
 
+// Stores the 32-bit `v` at multicast address `p` (every rank's copy).
+__device__ __forceinline__ void multimem_st_b32(void* p, uint32_t v) {
+#if SYMM_MULTIMEM
+    asm volatile("multimem.st.relaxed.sys.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+#else
+    (void)p;
+    (void)v;
+    __trap();
+#endif
+}
+
 // Adds 1 to every rank's copy of the counter at multicast address `p`, after this thread's
 // (and, behind the caller's __syncthreads, its block's) earlier writes.
 __device__ __forceinline__ void multimem_arrive_sys(uint64_t* p) {
@@ -147,8 +158,9 @@ __device__ __forceinline__ void fence_proxy_alias() {
 }
 
 struct MultimemColl {
-    // The low-latency all-reduce pushes whole 16-byte lines (one multicast store each).
-    static constexpr bool WORDS = false;
+    // The low-latency all-reduce moves one 32-bit word per thread, as with `UnicastColl`: one
+    // multicast store of the word instead of W - 1 unicast ones.
+    static constexpr bool WORDS = true;
     const SymmArgs& a;
     char* mc;         // multicast address of the bound allocations
     uint64_t offset;  // where the buffer lies in every rank's allocation
@@ -198,6 +210,17 @@ struct MultimemColl {
         multimem_st_v4(mc + own, v);
     }
 
+    // Word `i` of the low-latency lines into this rank's slot of low-latency buffer `buffer` of
+    // every rank, its own included (write-only: see `broadcast_line`), with one 32-bit
+    // multicast store: single-copy atomic in every copy, so a reader's 32-bit poll sees the
+    // sentinel or the word.
+    __device__ __forceinline__ void broadcast_word(uint32_t buffer, uint64_t i, uint32_t wire) const {
+        SYMM_POLICY_MARK("broadcast_word");
+        const uint64_t own = reinterpret_cast<uint64_t>(ll_line(a, a.rank, buffer, a.rank, 0)) + i * sizeof(uint32_t) -
+                             reinterpret_cast<uint64_t>(rank_alloc(a, a.rank));
+        multimem_st_b32(mc + own, wire);
+    }
+
     // Barrier between block blockIdx.x of every rank (false in every thread if the wait timed
     // out or the group is poisoned). `epoch` is not needed: the target is the owner's running
     // arrival total.
@@ -212,9 +235,29 @@ struct MultimemColl {
         return barrier_impl(phase, epoch, true);
     }
 
+    // Why exactly one alias fence, in thread 0, after the wait. The kernels reach the same bytes
+    // through two virtual addresses: the one-shot copies its input in through the unicast
+    // address and every rank reads it through `mc`; the in-place kernel reads and writes
+    // through `mc` what the caller wrote, and reads afterwards, through the unicast address.
+    // Addresses that alias behave as different proxies: the PTX memory model (PTX ISA,
+    // "Causality order", proxy-preserved base causality order) orders a write X through one
+    // alias before a read or write Y through the other only if an alias proxy fence lies
+    // somewhere on the base causality path from X to Y, in any thread of it. Every such path
+    // through this barrier runs X -> (__syncthreads) -> thread 0 of the writing rank -> its
+    // release `multimem.red` -> thread 0 of the reading rank, whose acquire poll reads the
+    // total -> (__syncthreads) -> Y, the writing and the reading rank being the same rank
+    // included. One fence in the reading rank's thread 0 between its successful acquire and the
+    // closing __syncthreads lies on every one of them. A fence in the other threads, or a
+    // second one before the release, adds nothing to any path (a proxy fence orders only the
+    // accesses of the thread that issues it, and no thread touches one address through both
+    // aliases without a barrier in between); each compiles to a `MEMBAR.SC.SYS` (or `.GPU`) and a
+    // `CCTL.IVALL` on sm_90. Paths that cross a kernel boundary instead (the caller's writes
+    // before the call, its reads after it, buffer reuse two calls later) need no fence: kernel
+    // completion and start take part in proxy-preserved base causality order. The counter is
+    // written through `mc` and polled through the unicast address; this thread needs no order
+    // between its own `red` and its poll (the total it waits for includes its own arrival,
+    // which only has to land), and the release/acquire pair is the one NVLS barriers use.
     __device__ __forceinline__ bool barrier_impl(uint32_t phase, uint64_t epoch, bool arrives) const {
-        // Every thread's unicast writes before any multicast access after the barrier.
-        fence_proxy_alias();
         __syncthreads();
         int failed = 0;
         if (threadIdx.x == 0) {
@@ -223,7 +266,6 @@ struct MultimemColl {
             uint64_t* expected = reinterpret_cast<uint64_t*>(own + MC_EXPECTED_OFFSET) + slot;
             const uint64_t target = *expected + a.world;
             *expected = target;
-            fence_proxy_alias();
             multimem_arrive_sys(reinterpret_cast<uint64_t*>(mc + MC_SIGNAL_OFFSET + slot * MC_SIGNAL_STRIDE));
             const uint64_t* mine = reinterpret_cast<const uint64_t*>(own + MC_SIGNAL_OFFSET + slot * MC_SIGNAL_STRIDE);
             Deadline d;
@@ -234,14 +276,13 @@ struct MultimemColl {
                     break;
                 }
             }
+            // The one alias fence (above): every peer's writes, through either address, before
+            // the block's accesses through the other. (After a failed wait nothing is read.)
+            if (!failed) fence_proxy_alias();
         } else if (arrives && threadIdx.x >= 32) {
             publish(a, epoch, 32);
         }
-        const bool ok = __syncthreads_or(failed) == 0;
-        // The peers' writes (multicast or unicast) before this thread's accesses through
-        // either address.
-        fence_proxy_alias();
-        return ok;
+        return __syncthreads_or(failed) == 0;
     }
 };
 

@@ -196,6 +196,15 @@ pub struct Config {
     /// with programmatic serialization but reads the output without waiting (README,
     /// "Inside a decode step").
     pub pdl_at_exit: bool,
+    /// Launch the peer kernels in the remote memory-synchronisation domain
+    /// (`CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN` = remote, as NCCL launches its kernels) where the
+    /// device has domains (compute capability 9.0 and newer). A system-scope fence of a kernel
+    /// (the `MEMBAR.SYS` of every barrier's release) then waits only for the memory traffic of
+    /// its own domain, not for that of a GEMM running concurrently in the default domain. The
+    /// kernels' cross-rank ordering is all at system scope, which orders across domains, and
+    /// stream order and `griddepcontrol.wait` are unaffected. Off by default (`false`): its
+    /// gain has not been measured here.
+    pub remote_sync_domain: bool,
     /// Divergence check (a debugging aid, off by default; [`CHECK_ENV`]`=1` turns it on):
     /// before a kernel touches any
     /// data, every rank compares its call (length, dtype, algorithm, collective and call
@@ -280,6 +289,7 @@ impl Default for Config {
             peer_kernels: true,
             pdl: true,
             pdl_at_exit: false,
+            remote_sync_domain: false,
             check_divergence: false,
             tuning: None,
             multicast: Multicast::Off,
@@ -559,6 +569,7 @@ impl Config {
             peer_kernels,
             pdl,
             pdl_at_exit,
+            remote_sync_domain,
             check_divergence,
             tuning,
             multicast,
@@ -577,6 +588,7 @@ impl Config {
             .put(peer_kernels)
             .put(pdl)
             .put(pdl_at_exit)
+            .put(remote_sync_domain)
             .put(check_divergence)
             .put(&(*multicast as u8))
             .put(reproducible)
@@ -667,6 +679,10 @@ mod tests {
             },
             Config {
                 pdl: false,
+                ..base.clone()
+            },
+            Config {
+                remote_sync_domain: true,
                 ..base.clone()
             },
             Config {

@@ -68,7 +68,7 @@ pub use error::{BarrierPhase, Error, Result};
 pub use events::TARGET as TRACING_TARGET;
 pub use kernels::abi::MAX_RANKS;
 pub use kernels::norm_abi::MAX_HIDDEN;
-pub use kernels::{embedded_ptx, kernels_available, ptxas_report};
+pub use kernels::{embedded_fatbin, embedded_ptx, kernels_available, ptxas_report};
 pub use nccl::{nccl_group, nccl_library, nccl_teardown_failures, NcclLibraryInfo, SharedNcclComm};
 pub use plan::{Limits, PathDecision, Plan};
 #[doc(hidden)]

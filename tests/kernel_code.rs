@@ -125,9 +125,6 @@ fn no_grid_wide_counter_and_the_sync_floor_releases_nothing() {
     }
 }
 
-/// Every kernel that takes part in a call (all but the empty, spin, producer and unfused norm
-/// helpers) waits for its predecessor (`griddepcontrol.wait`, in `begin_call`) before it
-/// touches memory: the buffer-reuse argument under Programmatic Dependent Launch rests on it.
 /// Every kernel of the PTX as (entry name, its text up to the next entry).
 fn entries() -> impl Iterator<Item = (&'static str, &'static str)> {
     symm_allreduce::embedded_ptx()
@@ -136,6 +133,11 @@ fn entries() -> impl Iterator<Item = (&'static str, &'static str)> {
         .map(|entry| (entry.split('(').next().unwrap_or_default().trim(), entry))
 }
 
+/// Every kernel of the table (the unfused norm kernel included: it is launched with
+/// Programmatic Dependent Launch like the others) and the sync floor waits for its predecessor
+/// (`griddepcontrol.wait`, in `begin_call`) before it touches memory: the buffer-reuse
+/// argument under Programmatic Dependent Launch rests on it. (The SASS test below checks the
+/// order of every load and store against the wait.)
 #[test]
 fn every_call_kernel_waits_for_its_predecessor() {
     if !kernels_or_skip("every_call_kernel_waits_for_its_predecessor") {
@@ -143,7 +145,7 @@ fn every_call_kernel_waits_for_its_predecessor() {
     }
     let mut checked = 0;
     for (name, entry) in entries() {
-        if ["symm_empty", "symm_spin", "symm_produce", "symm_rmsnorm"]
+        if ["symm_empty", "symm_spin", "symm_produce", "symm_consume"]
             .iter()
             .any(|helper| name.starts_with(helper))
         {
@@ -155,8 +157,8 @@ fn every_call_kernel_waits_for_its_predecessor() {
         );
         checked += 1;
     }
-    // 15 barrier kernels of the registry × 3 dtypes, and the sync floor.
-    let expected = 15 * 3 + 1;
+    // 16 kernels of the registry × 3 dtypes, and the sync floor.
+    let expected = 16 * 3 + 1;
     assert!(
         checked >= expected,
         "only {checked} call kernels in the PTX, {expected} expected"
@@ -428,4 +430,89 @@ fn low_latency_polls_load_every_peer_before_checking_any() {
     // The four reader kernels (all-reduce, reduce-scatter, fused: 3 dtypes each; the
     // all-gather is byte-typed, one body per dtype column too).
     assert!(checked >= 12, "only {checked} low-latency readers in the PTX");
+}
+
+#[path = "support/sass.rs"]
+mod sass;
+
+/// Global-memory instructions of sm_90 SASS (loads, stores, atomics, reductions, cache
+/// control): what a kernel must not issue before its `griddepcontrol.wait` (`ACQBULK`).
+/// Shared memory (`LDS`, `STS`), constants and kernel parameters (`LDC`, `ULDC`) are not its
+/// predecessor's.
+fn touches_global_memory(opcode: &str) -> bool {
+    let op = opcode.split('.').next().unwrap_or_default();
+    matches!(
+        op,
+        "LD" | "LDG"
+            | "ST"
+            | "STG"
+            | "ATOM"
+            | "ATOMG"
+            | "RED"
+            | "REDG"
+            | "LDGSTS"
+            | "CCTL"
+            | "UBLKCP"
+            | "UTMALDG"
+    ) || op.starts_with("MULTIMEM")
+}
+
+/// Programmatic Dependent Launch is safe for a kernel only if nothing it reads or writes of
+/// memory its predecessor may touch comes before its `griddepcontrol.wait`. Read in the sm_90
+/// SASS, where the wait is `ACQBULK`: in every kernel the launch attributes give PDL (every
+/// kernel of the table, the fused and unfused norm kernels, the one-shot all-gather included,
+/// and the empty, sync-floor and spin helpers; not the producer, launched as an ordinary kernel,
+/// nor the test consumer, which skips the wait on purpose), the straight-line code before the
+/// first `ACQBULK` has no global load, store, atomic or cache operation and no branch past it.
+/// So on every path the wait comes first.
+#[test]
+fn pdl_launched_kernels_touch_no_global_memory_before_griddepcontrol_wait() {
+    let test = "pdl_launched_kernels_touch_no_global_memory_before_griddepcontrol_wait";
+    if !kernels_or_skip(test) {
+        return;
+    }
+    let Some(sass) = sass::sm90_or_skip(test) else {
+        return;
+    };
+    let mut checked = 0;
+    for f in sass {
+        if f.name == "symm_produce" || f.name == "symm_consume" {
+            continue;
+        }
+        let waits = f.find("ACQBULK");
+        let Some(&first) = waits.first() else {
+            panic!("{}: no griddepcontrol.wait (ACQBULK) in the sm_90 SASS", f.name);
+        };
+        let wait_at = f.instructions[first].0;
+        for i in 0..first {
+            let op = f.opcode(i);
+            assert!(
+                !touches_global_memory(op),
+                "{}: {} at {:#x} before the PDL wait at {wait_at:#x}",
+                f.name,
+                f.instructions[i].1,
+                f.instructions[i].0
+            );
+            if op.starts_with("BRA") || op.starts_with("JMP") || op.starts_with("BRX") {
+                let target = f.instructions[i]
+                    .1
+                    .split_whitespace()
+                    .last()
+                    .and_then(|t| u64::from_str_radix(t.trim_start_matches("0x"), 16).ok())
+                    .unwrap_or_else(|| {
+                        panic!("{}: branch without a target: {}", f.name, f.instructions[i].1)
+                    });
+                assert!(
+                    target <= wait_at,
+                    "{}: {} jumps past the PDL wait at {wait_at:#x}",
+                    f.name,
+                    f.instructions[i].1
+                );
+            }
+        }
+        checked += 1;
+    }
+    // The sm_90 code of every entry point but the producer and the consumer: 16 kernels × 3
+    // dtypes, the empty kernel, the sync floor and the spin.
+    assert_eq!(checked, 16 * 3 + 3, "kernels checked in the sm_90 SASS");
 }

@@ -1,13 +1,17 @@
 //! The multimem (NVLS) kernels checked in the compiled code, on the CPU (they are never run on
-//! this project's machines): the embedded compute_90 PTX and the `ptxas -v` report.
+//! this project's machines): the embedded compute_90 PTX, the `ptxas -v` report and the sm_90
+//! SASS (tests/support/sass.rs).
 //!
 //! - 16-bit reductions accumulate in fp32 (`.acc::f32`), never the bf16-accumulating form;
 //!   f32 uses `.add.v4.f32`; `multimem.red` is never used for data, only on the u64 signal
 //!   counter, with release semantics at system scope; no multimem at `.gpu`/`.cta` scope;
 //! - the multimem and the unicast instantiations of each body (in-place two-shot, one-shot,
 //!   low-latency) call the collective policy in the same order (the `symm-policy` markers);
-//! - the multimem low-latency kernel pushes with `multimem.st` and reduces nothing in the
-//!   switch (no `ld_reduce`, no `red`): its sums are the peer kernels' rank-order sums;
+//! - the multimem low-latency kernel pushes with `multimem.st` (one 32-bit store per word,
+//!   one 16-byte store per line) and reduces nothing in the switch
+//!   (no `ld_reduce`, no `red`): its sums are the peer kernels' rank-order sums;
+//! - the multimem barrier issues one `fence.proxy.alias` per barrier, in thread 0 after its
+//!   acquire wait, and no other fence (the PTX and the sm_90 SASS);
 //! - the sm_80 code has no multimem kernel (ptxas compiled none for sm_80).
 
 fn kernels_or_skip(test: &str) -> bool {
@@ -35,7 +39,11 @@ const PAIRS: [(&str, &str, &[&str]); 3] = [
         "one_shot_mm",
         &["barrier_arrive", "load_reduce", "load_reduce_element"],
     ),
-    ("one_shot_ll", "one_shot_ll_mm", &["broadcast_line"]),
+    (
+        "one_shot_ll",
+        "one_shot_ll_mm",
+        &["broadcast_word", "broadcast_line"],
+    ),
 ];
 
 /// The multimem kernels that reduce in the switch (`multimem.ld_reduce`) and synchronise with
@@ -111,28 +119,31 @@ fn sixteen_bit_reductions_accumulate_in_fp32_and_f32_uses_add_v4_f32() {
 }
 
 #[test]
-fn multimem_stores_move_16_bytes_at_system_scope() {
-    if !kernels_or_skip("multimem_stores_move_16_bytes_at_system_scope") {
+fn multimem_stores_move_16_bytes_or_a_word_at_system_scope() {
+    if !kernels_or_skip("multimem_stores_move_16_bytes_or_a_word_at_system_scope") {
         return;
     }
     // The in-place all-gather and the low-latency push store through the multicast address;
-    // the one-shot only reads through it.
+    // the one-shot only reads through it. (16-byte stores, 32-bit word stores.)
     for (kernel, stores) in [
-        ("in_place_mm", true),
-        ("one_shot_mm", false),
-        ("one_shot_ll_mm", true),
+        ("in_place_mm", (1, 0)),
+        ("one_shot_mm", (0, 0)),
+        ("one_shot_ll_mm", (1, 1)),
     ] {
         for dtype in DTYPES {
             let body = entry(&format!("symm_{kernel}_{dtype}"));
             let found = lines_with(body, "multimem.st");
-            assert_eq!(!found.is_empty(), stores, "{kernel} {dtype}: {found:?}");
-            for l in &found {
-                // One form for every dtype: 16 bytes, whatever they hold.
-                assert!(
-                    l.starts_with("multimem.st.relaxed.sys.global.v4.f32 "),
-                    "{kernel} {dtype}: {l}"
-                );
-            }
+            // One form for every dtype: 16 bytes or a 32-bit word, whatever they hold.
+            let lines = found
+                .iter()
+                .filter(|l| l.starts_with("multimem.st.relaxed.sys.global.v4.f32 "))
+                .count();
+            let words = found
+                .iter()
+                .filter(|l| l.starts_with("multimem.st.relaxed.sys.global.b32 "))
+                .count();
+            assert_eq!(lines + words, found.len(), "{kernel} {dtype}: {found:?}");
+            assert_eq!((lines, words), stores, "{kernel} {dtype}: {found:?}");
         }
     }
 }
@@ -149,10 +160,22 @@ fn the_multimem_low_latency_kernel_pushes_with_multicast_and_sums_in_rank_order(
         // in rank order as the unicast kernel does, so both give the peer kernels' bits.
         assert!(lines_with(mm, "multimem.ld_reduce").is_empty(), "{dtype}");
         assert!(lines_with(mm, "multimem.red").is_empty(), "{dtype}");
+        // One multicast store per word (the word-per-thread path, every message the grid
+        // covers) and one per line (longer messages), where the unicast kernel stores W - 1
+        // times.
         assert_eq!(
-            lines_with(mm, "multimem.st").len(),
+            lines_with(mm, "multimem.st.relaxed.sys.global.b32").len(),
+            1,
+            "{dtype}: one multicast store per word"
+        );
+        assert_eq!(
+            lines_with(mm, "multimem.st.relaxed.sys.global.v4.f32").len(),
             1,
             "{dtype}: one multicast store per line"
+        );
+        assert!(
+            !lines_with(unicast, "st.relaxed.sys.global.u32").is_empty(),
+            "{dtype}: the unicast word push"
         );
         // The push replaced the unicast stores; the polls and the re-arm are the same.
         for body in [mm, unicast] {
@@ -193,7 +216,7 @@ fn multimem_red_only_signals_the_u64_counter_with_release_at_system_scope() {
         );
         assert!(l.contains(".sys."), "multimem without system scope: {l}");
     }
-    // The counter wait: an acquire load at system scope, and the proxy fences around it.
+    // The counter wait: an acquire load at system scope (the alias fence: the test below).
     for kernel in REDUCING {
         for dtype in DTYPES {
             let body = entry(&format!("symm_{kernel}_{dtype}"));
@@ -203,10 +226,6 @@ fn multimem_red_only_signals_the_u64_counter_with_release_at_system_scope() {
             );
             assert!(
                 !lines_with(body, "ld.acquire.sys.global.u64").is_empty(),
-                "{kernel} {dtype}"
-            );
-            assert!(
-                lines_with(body, "fence.proxy.alias").len() >= 2,
                 "{kernel} {dtype}"
             );
             assert!(body.contains("%globaltimer"), "{kernel} {dtype}: unbounded wait");
@@ -316,4 +335,100 @@ fn the_multimem_kernels_spill_nothing() {
         }
     }
     assert_eq!(seen, PAIRS.len() * DTYPES.len(), "{seen}");
+}
+
+#[path = "support/sass.rs"]
+mod sass;
+
+/// Barriers per multimem kernel (`multimem.red` sites): the in-place body has a start and an
+/// end barrier, the one-shot one, the low-latency kernel none.
+const BARRIERS: [(&str, usize); 3] = [("in_place_mm", 2), ("one_shot_mm", 1), ("one_shot_ll_mm", 0)];
+
+/// One alias proxy fence per barrier, where the memory model needs it (multimem.cuh,
+/// `barrier_impl`, says why): in the thread that waited, after its acquire poll saw every
+/// arrival and before the block's closing barrier, with nothing between it and that barrier
+/// but the `__syncthreads_or`; no fence of any other kind in these kernels. In the PTX, and in
+/// the sm_90 SASS, where `fence.proxy.alias` is the only source of `MEMBAR.SC.GPU` (it compiles
+/// to `MEMBAR.SC.GPU` or `MEMBAR.SC.SYS` behind a driver-set flag, then `CCTL.IVALL`).
+#[test]
+fn the_multimem_barrier_fences_the_aliases_once_in_one_thread() {
+    let test = "the_multimem_barrier_fences_the_aliases_once_in_one_thread";
+    if !kernels_or_skip(test) {
+        return;
+    }
+    for (kernel, barriers) in BARRIERS {
+        for dtype in DTYPES {
+            let body = entry(&format!("symm_{kernel}_{dtype}"));
+            assert_eq!(
+                lines_with(body, "multimem.red").len(),
+                barriers,
+                "{kernel} {dtype}: barriers"
+            );
+            assert_eq!(
+                lines_with(body, "fence.proxy.alias").len(),
+                barriers,
+                "{kernel} {dtype}: one alias fence per barrier"
+            );
+            // No other fence instruction. (`membar.sys` appears: the `__threadfence_system` of
+            // the divergence check, the call-state publication and the error path, which are
+            // the unicast kernels' too.)
+            for other in ["fence.sc", "fence.acq_rel", "fence.release", "fence.acquire"] {
+                assert!(lines_with(body, other).is_empty(), "{kernel} {dtype}: {other}");
+            }
+            // Where each fence is: after the arrival and the acquire poll since the last
+            // `bar.sync` (the barrier's opening __syncthreads, which every thread passes before
+            // thread 0 alone arrives), and followed by the closing `bar.red` with no memory
+            // access in between.
+            let ins: Vec<&str> = lines_with(body, "");
+            for (i, _) in ins
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.starts_with("fence.proxy.alias"))
+            {
+                let opened = ins[..i]
+                    .iter()
+                    .rposition(|l| l.starts_with("bar.sync") || l.starts_with("barrier.sync"))
+                    .unwrap_or_else(|| panic!("{kernel} {dtype}: no barrier before the fence"));
+                let since = &ins[opened..i];
+                assert!(
+                    since.iter().any(|l| l.starts_with("multimem.red.release.sys")),
+                    "{kernel} {dtype}: a fence outside the arriving thread's part"
+                );
+                assert!(
+                    since.iter().any(|l| l.starts_with("ld.acquire.sys")),
+                    "{kernel} {dtype}: a fence before the wait"
+                );
+                let closes = ins[i + 1..]
+                    .iter()
+                    .position(|l| l.starts_with("bar.red") || l.starts_with("barrier.red"))
+                    .unwrap_or_else(|| panic!("{kernel} {dtype}: no closing barrier after the fence"));
+                for l in &ins[i + 1..i + 1 + closes] {
+                    assert!(
+                        !(l.starts_with("ld.") || l.starts_with("st.") || l.starts_with("multimem.")),
+                        "{kernel} {dtype}: {l} between the fence and the closing barrier"
+                    );
+                }
+            }
+        }
+    }
+    let Some(sass) = sass::sm90_or_skip(test) else {
+        return;
+    };
+    let mut seen = 0;
+    for f in sass {
+        let membars = |kind: &str| f.find("MEMBAR").iter().filter(|&&i| f.opcode(i) == kind).count();
+        let alias_fences = membars("MEMBAR.SC.GPU");
+        match BARRIERS
+            .iter()
+            .find(|(k, _)| DTYPES.iter().any(|d| f.name == format!("symm_{k}_{d}")))
+        {
+            Some((_, barriers)) => {
+                seen += 1;
+                assert_eq!(alias_fences, *barriers, "{}: alias fences in the SASS", f.name);
+            }
+            // No other kernel has a GPU-scope fence at all.
+            None => assert_eq!(alias_fences, 0, "{}", f.name),
+        }
+    }
+    assert_eq!(seen, BARRIERS.len() * DTYPES.len());
 }

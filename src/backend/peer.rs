@@ -15,7 +15,7 @@ use crate::kernels::abi::{
     FLAG_CONSUMER_WAITS, FLAG_PDL_AT_EXIT, MAX_BLOCKS, THREADS_PER_BLOCK,
 };
 use crate::kernels::coll::{self, GatherCounts};
-use crate::kernels::launch;
+use crate::kernels::launch::{self, LaunchAttrs};
 use crate::kernels::norm_abi::NormArgs;
 use crate::kernels::registry::Kernel;
 use crate::kernels::Kernels;
@@ -23,6 +23,41 @@ use crate::plan::validate::CallShape;
 use crate::plan::Plan;
 use crate::symmetric::multicast::{MulticastMapping, Outcome};
 use crate::symmetric::{Layout, Workspace, DATA_OFFSET, SIGNAL_OFFSET, STATE_OFFSET};
+
+/// What one launch runs: a kernel of the table (every collective, the fused and the unfused
+/// norm kernels) or one of the helpers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Launched {
+    Table(Kernel),
+    /// The body-less kernel (the benchmark's launch floor).
+    Empty,
+    /// The protocol alone (the benchmark's sync floor).
+    SyncFloor,
+    /// One thread spinning (a late rank, in tests).
+    Spin,
+    /// The producer: launched as a user's GEMM would be, with no attribute.
+    Produce,
+    /// The test consumer: Programmatic Dependent Launch as configured (it stands for the
+    /// kernel after a call), in the default memory-synchronisation domain.
+    Consume,
+}
+
+impl Launched {
+    /// The attributes this launch carries, given the ones `configured` (and supported by the
+    /// device). Every kernel of the table and every helper but the producer and the consumer
+    /// gets all of them: every one of those waits (`griddepcontrol.wait`) before it touches
+    /// memory its predecessor may have written (tests/kernel_code.rs reads that in the SASS).
+    pub(crate) fn attributes(self, configured: LaunchAttrs) -> LaunchAttrs {
+        match self {
+            Launched::Table(_) | Launched::Empty | Launched::SyncFloor | Launched::Spin => configured,
+            Launched::Produce => LaunchAttrs::default(),
+            Launched::Consume => LaunchAttrs {
+                pdl: configured.pdl,
+                remote_domain: false,
+            },
+        }
+    }
+}
 
 /// The symmetric workspace and the kernels that use it.
 #[derive(Debug)]
@@ -36,8 +71,10 @@ pub(crate) struct PeerBackend {
     error: ErrorWord,
     kernels: Kernels,
     args: SymmArgs,
-    /// Launch with Programmatic Dependent Launch (configured, and the device has it).
-    pdl: bool,
+    /// The launch attributes configured and supported by the device: Programmatic Dependent
+    /// Launch (`Config::pdl`) and the remote memory-synchronisation domain
+    /// (`Config::remote_sync_domain`), each only on compute capability 9.0 and newer.
+    attrs: LaunchAttrs,
     /// The divergence check is on (`Config::check_divergence` or `SYMM_ALLREDUCE_CHECK=1`).
     check: bool,
 }
@@ -72,7 +109,10 @@ impl PeerBackend {
             ident: 0,
             flags: if config.pdl_at_exit { FLAG_PDL_AT_EXIT } else { 0 },
         };
-        let pdl = config.pdl && kernels.supports_pdl();
+        let attrs = LaunchAttrs {
+            pdl: config.pdl && kernels.supports_pdl(),
+            remote_domain: config.remote_sync_domain && kernels.supports_pdl(),
+        };
         let check = config.check_divergence;
         PeerBackend {
             multicast: Err("Config::multicast is Off".into()),
@@ -80,7 +120,7 @@ impl PeerBackend {
             error,
             kernels,
             args,
-            pdl,
+            attrs,
             check,
         }
     }
@@ -158,7 +198,7 @@ impl PeerBackend {
         }
         let args = self.call_args(Some(kernel), call.dtype, call.input_len as u64, pool_tag);
         self.launch_function(
-            func,
+            (func, Launched::Table(kernel)),
             plan,
             (call.input_addr, call.output_addr, call.input_len),
             args,
@@ -199,7 +239,11 @@ impl PeerBackend {
         unsafe {
             launch::launch_gather(
                 func,
-                (plan.blocks, plan.threads),
+                (
+                    plan.blocks,
+                    plan.threads,
+                    self.attributes(Launched::Table(kernel)),
+                ),
                 input,
                 output,
                 &args,
@@ -224,7 +268,13 @@ impl PeerBackend {
         let (kernel, column) = (Kernel::AllGatherLowLatency, DType::F32);
         let func = self.kernels.get(kernel, column)?;
         let args = self.call_args(Some(kernel), column, chunk_bytes as u64, 0);
-        self.launch_function(func, plan, (input, output, chunk_bytes), args, stream)
+        self.launch_function(
+            (func, Launched::Table(kernel)),
+            plan,
+            (input, output, chunk_bytes),
+            args,
+            stream,
+        )
     }
 
     /// Launches a reduce-scatter kernel (`ReduceScatter` or `ReduceScatterLowLatency`) of
@@ -240,7 +290,13 @@ impl PeerBackend {
     ) -> Result<()> {
         let func = self.kernels.get(kernel, dtype)?;
         let args = self.call_args(Some(kernel), dtype, len as u64, 0);
-        self.launch_function(func, plan, (input, output, len), args, stream)
+        self.launch_function(
+            (func, Launched::Table(kernel)),
+            plan,
+            (input, output, len),
+            args,
+            stream,
+        )
     }
 
     /// Launches a residual + RMSNorm kernel: a fused all-reduce one (`FusedOneShot`,
@@ -259,15 +315,27 @@ impl PeerBackend {
         let func = self.kernels.get(kernel, dtype)?;
         let args = (kernel != Kernel::RmsNorm)
             .then(|| self.call_args(Some(kernel), dtype, fused_check_len(norm.tokens, norm.hidden), 0));
+        let grid = (
+            plan.blocks,
+            plan.threads,
+            self.attributes(Launched::Table(kernel)),
+        );
         // SAFETY: the fused kernels take (NormArgs, SymmArgs) and the unfused one (NormArgs),
         // with the table column's dtype; the caller validated the ranges; the workspace and
-        // the error word in `args` outlive the launch (the communicator's Drop synchronises).
-        unsafe { launch::launch_norm(func, (plan.blocks, plan.threads), norm, args.as_ref(), stream) }
+        // the error word in `args` outlive the launch (the communicator's Drop synchronises);
+        // the attributes are set only on devices of compute capability 9.0 and newer.
+        unsafe { launch::launch_norm(func, grid, norm, args.as_ref(), stream) }
     }
 
     /// Launches the body-less kernel with `plan`'s grid.
     pub(crate) fn launch_empty(&self, plan: Plan, stream: &CudaStream) -> Result<()> {
-        self.launch_function(self.kernels.empty(), plan, (0, 0, 0), self.args, stream)
+        self.launch_function(
+            (self.kernels.empty(), Launched::Empty),
+            plan,
+            (0, 0, 0),
+            self.args,
+            stream,
+        )
     }
 
     /// Launches the protocol alone (one flag exchange per block) with `plan`'s grid: a call
@@ -280,7 +348,8 @@ impl PeerBackend {
         stream: &CudaStream,
     ) -> Result<()> {
         let args = self.call_args(None, dtype, len as u64, 0);
-        self.launch_function(self.kernels.sync_floor(), plan, (0, 0, len), args, stream)
+        let floor = (self.kernels.sync_floor(), Launched::SyncFloor);
+        self.launch_function(floor, plan, (0, 0, len), args, stream)
     }
 
     /// The argument block of one call: the divergence check's announcement of a call of
@@ -311,7 +380,8 @@ impl PeerBackend {
             blocks: 1,
             threads: 32,
         };
-        self.launch_function(self.kernels.spin(), one, (0, 0, ns as usize), self.args, stream)
+        let spin = (self.kernels.spin(), Launched::Spin);
+        self.launch_function(spin, one, (0, 0, ns as usize), self.args, stream)
     }
 
     /// Copies `bytes` from `src` to `dst` with the producer kernel, launched as an ordinary
@@ -336,7 +406,7 @@ impl PeerBackend {
         unsafe {
             launch::launch(
                 self.kernels.produce(),
-                (blocks, THREADS_PER_BLOCK, false),
+                (blocks, THREADS_PER_BLOCK, self.attributes(Launched::Produce)),
                 src,
                 dst,
                 bytes,
@@ -370,7 +440,7 @@ impl PeerBackend {
         unsafe {
             launch::launch(
                 self.kernels.consume(),
-                (blocks, THREADS_PER_BLOCK, self.pdl),
+                (blocks, THREADS_PER_BLOCK, self.attributes(Launched::Consume)),
                 src,
                 dst,
                 bytes,
@@ -404,9 +474,14 @@ impl PeerBackend {
         )
     }
 
+    /// The launch attributes of `what`: the configured ones ([`Launched::attributes`]).
+    fn attributes(&self, what: Launched) -> LaunchAttrs {
+        what.attributes(self.attrs)
+    }
+
     fn launch_function(
         &self,
-        func: &CudaFunction,
+        (func, what): (&CudaFunction, Launched),
         plan: Plan,
         (input, output, len): (u64, u64, usize),
         args: SymmArgs,
@@ -419,7 +494,7 @@ impl PeerBackend {
         unsafe {
             launch::launch(
                 func,
-                (plan.blocks, plan.threads, self.pdl),
+                (plan.blocks, plan.threads, self.attributes(what)),
                 input,
                 output,
                 len,
@@ -427,5 +502,128 @@ impl PeerBackend {
                 stream,
             )
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cudarc::driver::sys::{CUlaunchAttributeID as Id, CUlaunchMemSyncDomain};
+
+    use super::*;
+    use crate::kernels::registry::KERNELS;
+
+    /// The driver attributes of `attrs`, as (id, value) in the order they are passed.
+    fn driver(attrs: LaunchAttrs) -> Vec<(Id, i64)> {
+        let (list, n) = attrs.driver();
+        list[..n]
+            .iter()
+            .map(|a| {
+                // SAFETY: the union member read is the one `driver()` set for this id.
+                let value = unsafe {
+                    match a.id {
+                        Id::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION => {
+                            i64::from(a.value.programmaticStreamSerializationAllowed)
+                        }
+                        Id::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN => a.value.memSyncDomain as i64,
+                        other => panic!("unexpected launch attribute {other:?}"),
+                    }
+                };
+                (a.id, value)
+            })
+            .collect()
+    }
+
+    /// Every launch path of the backend: every kernel of the table (the collectives, the
+    /// all-gathers, the fused and unfused norm kernels) and the helpers.
+    fn every_path() -> Vec<Launched> {
+        KERNELS
+            .iter()
+            .map(|spec| Launched::Table(spec.kernel))
+            .chain([
+                Launched::Empty,
+                Launched::SyncFloor,
+                Launched::Spin,
+                Launched::Produce,
+                Launched::Consume,
+            ])
+            .collect()
+    }
+
+    #[test]
+    fn every_launch_path_carries_pdl_and_the_configured_domain() {
+        let pdl = (Id::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, 1);
+        let remote = (
+            Id::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN,
+            CUlaunchMemSyncDomain::CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE as i64,
+        );
+        let only_pdl = LaunchAttrs {
+            pdl: true,
+            remote_domain: false,
+        };
+        let both = LaunchAttrs {
+            pdl: true,
+            remote_domain: true,
+        };
+        for path in every_path() {
+            let (with_pdl, with_both) = (driver(path.attributes(only_pdl)), driver(path.attributes(both)));
+            match path {
+                // Launched as a user's GEMM would be: no attribute, whatever is configured.
+                Launched::Produce => {
+                    assert!(with_pdl.is_empty() && with_both.is_empty(), "{path:?}")
+                }
+                // The kernel after a call: PDL as configured, the default domain.
+                Launched::Consume => {
+                    assert_eq!(with_pdl, [pdl], "{path:?}");
+                    assert_eq!(with_both, [pdl], "{path:?}");
+                }
+                _ => {
+                    assert_eq!(with_pdl, [pdl], "{path:?}");
+                    assert_eq!(with_both, [pdl, remote], "{path:?}");
+                }
+            }
+            // Nothing configured (PDL off, or a device older than 9.0): a plain launch.
+            assert!(
+                driver(path.attributes(LaunchAttrs::default())).is_empty(),
+                "{path:?}"
+            );
+        }
+        // The remote domain alone (PDL off) is passed alone.
+        let domain_only = LaunchAttrs {
+            pdl: false,
+            remote_domain: true,
+        };
+        assert_eq!(
+            driver(Launched::Table(Kernel::FusedOneShot).attributes(domain_only)),
+            [remote]
+        );
+    }
+
+    /// The attributes of every launch come from `Launched::attributes` (so the table test above
+    /// covers every launch path; `kernels/launch.rs` checks that it has one launch helper).
+    #[test]
+    fn every_launch_takes_its_attributes_from_the_launch_table() {
+        let peer = include_str!("peer.rs");
+        let code: String = peer
+            .split("#[cfg(test)]")
+            .next()
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let calls = code.matches("launch::launch").count();
+        // The gather, the norm, the producer, the consumer and `launch_function`.
+        assert_eq!(
+            calls, 5,
+            "launch::launch, launch_gather, launch_norm calls in peer.rs"
+        );
+        // Every grid passed to a launch holds `self.attributes(…)`: directly (the gather, the
+        // norm, the producer, the consumer) or through `launch_function` (everything else).
+        assert_eq!(code.matches("self.attributes(").count(), calls);
+        // `LaunchAttrs` values are built only in `new` (the configured ones) and in
+        // `Launched::attributes`.
+        let literals = code.matches("LaunchAttrs {").count() - code.matches("-> LaunchAttrs {").count();
+        assert_eq!(literals, 2);
+        assert_eq!(code.matches("LaunchAttrs::default()").count(), 1);
     }
 }

@@ -9,19 +9,111 @@ use super::abi::SymmArgs;
 use super::coll::GatherCounts;
 use crate::error::{CudaResultExt, Result};
 
-/// Launches `func(input, output, len, args)` with `blocks × threads` on `stream`. The context
-/// of `stream` must be current. With `pdl` set, the launch carries programmatic stream
-/// serialization (`cuLaunchKernelEx`): it may begin while the previous kernel on the stream
-/// finishes; every kernel of the fatbin waits for it (`griddepcontrol.wait`) before it
-/// touches memory. Only for devices of compute capability 9.0 and newer.
+/// The launch attributes of one launch. Every launch of the crate goes through [`launch_raw`]
+/// with the attributes the backend chose for it (`backend/peer.rs`, `PeerBackend::attributes`),
+/// so the three parameter shapes (the collectives', the all-gather's, the norm kernels') get
+/// the same attributes the same way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct LaunchAttrs {
+    /// Programmatic stream serialization (Programmatic Dependent Launch): the launch may begin
+    /// while the previous kernel on the stream finishes; every kernel launched so waits for it
+    /// (`griddepcontrol.wait`) before it reads or writes memory that kernel may touch. Only
+    /// for devices of compute capability 9.0 and newer.
+    pub(crate) pdl: bool,
+    /// The remote memory-synchronisation domain (`Config::remote_sync_domain`): the kernel's
+    /// system-scope fences wait only for the memory traffic of its own domain, not for a
+    /// concurrent kernel's of the default domain. Compute capability 9.0 and newer.
+    pub(crate) remote_domain: bool,
+}
+
+/// The most attributes one launch carries.
+const MAX_ATTRS: usize = 2;
+
+impl LaunchAttrs {
+    /// The driver's attribute list for these settings: the first `n` entries of the array.
+    pub(crate) fn driver(self) -> ([sys::CUlaunchAttribute; MAX_ATTRS], usize) {
+        // SAFETY: a zeroed launch attribute is a valid C value (id 0, the "ignore" entry);
+        // only the first `n` are passed, each with its id and value set below.
+        let mut attrs: [sys::CUlaunchAttribute; MAX_ATTRS] = unsafe { std::mem::zeroed() };
+        let mut n = 0;
+        if self.pdl {
+            attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attrs[n].value.programmaticStreamSerializationAllowed = 1;
+            n += 1;
+        }
+        if self.remote_domain {
+            attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN;
+            attrs[n].value.memSyncDomain = sys::CUlaunchMemSyncDomain::CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE;
+            n += 1;
+        }
+        (attrs, n)
+    }
+}
+
+/// The crate's one kernel launch: `func(params)` with `blocks × threads` and `attrs` on
+/// `stream` (`cuLaunchKernelEx` with the attribute list; `cuLaunchKernel` when the list is
+/// empty, which every driver has). The context of `stream` must be current.
+///
+/// # Safety
+/// `params` points at one value of each of `func`'s parameters, in order, with their types;
+/// every address those values hold is valid for `func` until the launch completes.
+unsafe fn launch_raw(
+    func: &CudaFunction,
+    (blocks, threads, attrs): (u32, u32, LaunchAttrs),
+    params: &mut [*mut c_void],
+    stream: &CudaStream,
+) -> Result<()> {
+    let (mut list, n) = attrs.driver();
+    if n == 0 {
+        // SAFETY: the caller guarantees the parameters; `params` points at its locals, which
+        // outlive the call (the driver copies them at launch).
+        return unsafe {
+            result::launch_kernel(
+                func.cu_function(),
+                (blocks, 1, 1),
+                (threads, 1, 1),
+                0,
+                stream.cu_stream(),
+                params,
+            )
+        }
+        .during("cuLaunchKernel");
+    }
+    let config = sys::CUlaunchConfig {
+        gridDimX: blocks,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: threads,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        hStream: stream.cu_stream(),
+        attrs: list.as_mut_ptr(),
+        numAttrs: n as u32,
+    };
+    // SAFETY: as above; `config` and `list` are locals that outlive the call.
+    let code = unsafe {
+        sys::cuLaunchKernelEx(
+            &config,
+            func.cu_function(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    };
+    code.result().during("cuLaunchKernelEx")
+}
+
+/// Launches `func(input, output, len, args)` with `blocks × threads` and `attrs` on `stream`
+/// ([`launch_raw`]).
 ///
 /// # Safety
 /// `func` takes exactly `(const T*, T*, u64, SymmArgs)`; `input` and `output` are 16-byte
 /// aligned device ranges of `len` elements of that `T` on the stream's device (or ignored by
-/// `func`); every address in `args` is mapped on that device until the launch completes.
+/// `func`); every address in `args` is mapped on that device until the launch completes;
+/// `attrs.pdl` and `attrs.remote_domain` only on devices of compute capability 9.0 and newer.
 pub(crate) unsafe fn launch(
     func: &CudaFunction,
-    (blocks, threads, pdl): (u32, u32, bool),
+    grid: (u32, u32, LaunchAttrs),
     input: u64,
     output: u64,
     len: usize,
@@ -38,47 +130,9 @@ pub(crate) unsafe fn launch(
         (&mut n as *mut u64).cast(),
         (&mut args as *mut SymmArgs).cast(),
     ];
-    if pdl {
-        // SAFETY: a zeroed launch attribute is a valid C value; the id and value are set below.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
-        let config = sys::CUlaunchConfig {
-            gridDimX: blocks,
-            gridDimY: 1,
-            gridDimZ: 1,
-            blockDimX: threads,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: 0,
-            hStream: stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: 1,
-        };
-        // SAFETY: as below; `config` and `attr` are locals that outlive the call.
-        let code = unsafe {
-            sys::cuLaunchKernelEx(
-                &config,
-                func.cu_function(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        };
-        return code.result().during("cuLaunchKernelEx");
-    }
-    // SAFETY: the caller guarantees the signature and the ranges; `params` points at locals
-    // that outlive the call (the driver copies them at launch).
-    unsafe {
-        result::launch_kernel(
-            func.cu_function(),
-            (blocks, 1, 1),
-            (threads, 1, 1),
-            0,
-            stream.cu_stream(),
-            &mut params,
-        )
-    }
-    .during("cuLaunchKernel")
+    // SAFETY: the caller guarantees the signature, the ranges and the attributes; `params`
+    // points at the locals above.
+    unsafe { launch_raw(func, grid, &mut params, stream) }
 }
 
 /// Writes the 64-bit `value` at `count` places `pitch` bytes apart from `dst` on `stream` (two
@@ -105,16 +159,16 @@ pub(crate) unsafe fn write_u64_strided(
 }
 
 /// Launches the all-gather kernel `func(input, output, 0, args, counts)` with
-/// `blocks × threads` on `stream`. The context of `stream` must be current.
+/// `blocks × threads` and `attrs` on `stream` ([`launch_raw`]).
 ///
 /// # Safety
 /// `func` takes exactly `(const T*, T*, u64, SymmArgs, GatherCounts)`; `input` is a 16-byte
 /// aligned device range of `counts.bytes[args.rank]` bytes and `output` one of the sum of the
 /// counts, on the stream's device; every address in `args` is mapped on that device until
-/// the launch completes.
+/// the launch completes; the attributes as for [`launch`].
 pub(crate) unsafe fn launch_gather(
     func: &CudaFunction,
-    (blocks, threads): (u32, u32),
+    grid: (u32, u32, LaunchAttrs),
     input: u64,
     output: u64,
     args: &SymmArgs,
@@ -133,19 +187,9 @@ pub(crate) unsafe fn launch_gather(
         (&mut args as *mut SymmArgs).cast(),
         (&mut counts as *mut GatherCounts).cast(),
     ];
-    // SAFETY: the caller guarantees the signature and the ranges; `params` points at locals
-    // that outlive the call (the driver copies them at launch).
-    unsafe {
-        result::launch_kernel(
-            func.cu_function(),
-            (blocks, 1, 1),
-            (threads, 1, 1),
-            0,
-            stream.cu_stream(),
-            &mut params,
-        )
-    }
-    .during("cuLaunchKernel")
+    // SAFETY: the caller guarantees the signature, the ranges and the attributes; `params`
+    // points at the locals above.
+    unsafe { launch_raw(func, grid, &mut params, stream) }
 }
 
 /// Copies `bytes` from `src` to `dst` on `stream` (asynchronous, capturable). The context of
@@ -161,17 +205,17 @@ pub(crate) unsafe fn copy(dst: u64, src: u64, bytes: usize, stream: &CudaStream)
 }
 
 /// Launches a residual + RMSNorm kernel: `func(norm)` (unfused) or `func(norm, args)` (the
-/// fused all-reduce kernels) with `blocks × threads` on `stream`. The context of `stream`
-/// must be current.
+/// fused all-reduce kernels) with `blocks × threads` and `attrs` on `stream` ([`launch_raw`]).
 ///
 /// # Safety
 /// `func` takes exactly `(NormArgs)` when `args` is `None` and `(NormArgs, SymmArgs)`
 /// otherwise; the four buffers in `norm` are 16-byte aligned device ranges on the stream's
 /// device of the sizes its `tokens` and `hidden` give, live until the launch completes; every
-/// address in `args` is mapped on that device until the launch completes.
+/// address in `args` is mapped on that device until the launch completes; the attributes as
+/// for [`launch`].
 pub(crate) unsafe fn launch_norm(
     func: &CudaFunction,
-    (blocks, threads): (u32, u32),
+    grid: (u32, u32, LaunchAttrs),
     norm: &super::norm_abi::NormArgs,
     args: Option<&SymmArgs>,
     stream: &CudaStream,
@@ -183,17 +227,28 @@ pub(crate) unsafe fn launch_norm(
         (&mut symm as *mut SymmArgs).cast(),
     ];
     let params = &mut params[..if args.is_some() { 2 } else { 1 }];
-    // SAFETY: the caller guarantees the signature and the ranges; `params` points at locals
-    // that outlive the call (the driver copies them at launch).
-    unsafe {
-        result::launch_kernel(
-            func.cu_function(),
-            (blocks, 1, 1),
-            (threads, 1, 1),
-            0,
-            stream.cu_stream(),
-            params,
-        )
+    // SAFETY: the caller guarantees the signature, the ranges and the attributes; `params`
+    // points at the locals above.
+    unsafe { launch_raw(func, grid, params, stream) }
+}
+
+#[cfg(test)]
+mod tests {
+    /// One driver launch call of each kind, both in the one helper, which the three parameter
+    /// shapes call: no launch path with a mechanism or attributes of its own.
+    #[test]
+    fn every_launch_goes_through_the_one_helper() {
+        let code = include_str!("launch.rs");
+        let code = code.split("#[cfg(test)]").next().unwrap_or_default();
+        assert_eq!(code.matches("sys::cuLaunchKernelEx(").count(), 1);
+        assert_eq!(code.matches("result::launch_kernel(").count(), 1);
+        assert_eq!(
+            code.matches("launch_raw(").count(),
+            4,
+            "the helper and its three callers"
+        );
+        let helper = &code[code.find("unsafe fn launch_raw(").unwrap()..];
+        let helper = &helper[..helper.find("\n}\n").unwrap()];
+        assert!(helper.contains("sys::cuLaunchKernelEx(") && helper.contains("result::launch_kernel("));
     }
-    .during("cuLaunchKernel")
 }

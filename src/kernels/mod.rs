@@ -34,6 +34,13 @@ pub fn embedded_ptx() -> &'static str {
     PTX
 }
 
+/// The embedded fatbin (sm_80 and sm_90 SASS, compute_90 PTX; empty without nvcc). For the
+/// SASS checks in tests.
+#[doc(hidden)]
+pub fn embedded_fatbin() -> &'static [u8] {
+    FATBIN
+}
+
 /// `ptxas -v` output of the build (empty without nvcc). For the spill checks in tests.
 #[doc(hidden)]
 pub fn ptxas_report() -> &'static str {

@@ -48,8 +48,8 @@ pub(crate) enum Kernel {
     /// The one-shot body over the multimem policy: `multimem.ld_reduce` of the data buffers
     /// (sm_90+, multicast object needed; kernels/multimem.cu).
     OneShotMultimem,
-    /// The low-latency body over the multimem policy: one multicast store per line (sm_90+,
-    /// multicast object needed; kernels/multimem.cu).
+    /// The low-latency body over the multimem policy: one multicast store per 32-bit word (per
+    /// 16-byte line beyond the grid) (sm_90+, multicast object needed; kernels/multimem.cu).
     LowLatencyMultimem,
 }
 

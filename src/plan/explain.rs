@@ -89,7 +89,7 @@ pub(crate) fn explain(
         Rule::MultimemSize => match algorithm {
             Algorithm::MultimemLowLatency => format!(
                 "{bytes} bytes <= low-latency limit ({ll_limit}{from_table}), multicast set up: low-latency \
-                 with one multicast store per line (rank-order sums: the same bits as the peer kernels)"
+                 with one multicast store per word or line (rank-order sums: the same bits as the peer kernels)"
             ),
             _ => format!(
                 "{bytes} bytes <= one-shot limit ({limit}{from_table}), multicast set up, Config::reproducible \
@@ -270,7 +270,7 @@ mod tests {
         let p = algo(small, &reproducible, on);
         assert_eq!(p.algorithm, Algorithm::MultimemLowLatency, "{p}");
         assert!(
-            p.reason.contains("one multicast store per line") && p.reason.contains("same bits"),
+            p.reason.contains("one multicast store per word or line") && p.reason.contains("same bits"),
             "{p}"
         );
         let p = algo(mid, &reproducible, on);
@@ -366,24 +366,18 @@ mod tests {
         );
         assert_eq!(p.algorithm, Algorithm::Nccl, "{p}");
 
-        // The multimem one-shot has the grid of its peer twin; the multimem low-latency
-        // kernel a thread per 16-byte line (its twin one per 32-bit word): a quarter of the
-        // threads.
-        for (len, twin, multimem, quarter) in [
-            (small, Kernel::LowLatency, Kernel::LowLatencyMultimem, true),
-            (mid, Kernel::OneShot, Kernel::OneShotMultimem, false),
+        // The multimem one-shot and low-latency kernels have the grids of their peer twins (the
+        // low-latency ones a thread per 32-bit word).
+        for (len, twin, multimem) in [
+            (small, Kernel::LowLatency, Kernel::LowLatencyMultimem),
+            (mid, Kernel::OneShot, Kernel::OneShotMultimem),
         ] {
             let r = route(CallKind::Buffers, len, DType::BF16, &fast, Algorithm::Auto, on).unwrap();
             let peer = route(CallKind::Buffers, len, DType::BF16, &fast, Algorithm::Auto, off).unwrap();
             match (r.target, peer.target) {
                 (Target::Kernel(k, p), Target::Kernel(t, q)) => {
                     assert_eq!((k, t), (multimem, twin));
-                    let (mine, theirs) = (p.blocks * p.threads, q.blocks * q.threads);
-                    if quarter {
-                        assert_eq!(mine * 4, theirs, "{p:?} vs {q:?}");
-                    } else {
-                        assert_eq!((p.blocks, p.threads), (q.blocks, q.threads));
-                    }
+                    assert_eq!((p.blocks, p.threads), (q.blocks, q.threads));
                 }
                 other => panic!("{other:?}"),
             }

@@ -40,19 +40,18 @@ pub(crate) fn choose(
 const LOW_LATENCY_THREADS: u32 = 128;
 
 /// The grid of `kernel` for `len` elements of `dtype` over `world` ranks: one thread per
-/// 16-byte pack (of the rank's 1/W slice for the two-shot family; a multicast low-latency
-/// line is one pack too; the unicast low-latency all-reduce takes one thread per 32-bit
-/// word), capped by the agreed limits and the signal slots.
+/// 16-byte pack (of the rank's 1/W slice for the two-shot family; the low-latency
+/// all-reduce, unicast or multicast, takes one thread per 32-bit word), capped by the agreed
+/// limits and the signal slots.
 pub(crate) fn grid(kernel: Kernel, len: usize, dtype: DType, world: usize, limits: Limits) -> Plan {
     let packs = len / dtype.per_pack();
     let work = match kernel {
         Kernel::TwoShot | Kernel::InPlace | Kernel::InPlaceMultimem | Kernel::PoolTwoShot => {
             packs.div_ceil(world)
         }
-        // The unicast low-latency all-reduce moves one 32-bit word per thread, the multicast
-        // one a 16-byte line (kernels/low_latency.cuh).
-        Kernel::LowLatency => (len * dtype.size()).div_ceil(4),
-        Kernel::LowLatencyMultimem => (len * dtype.size()).div_ceil(16),
+        // The low-latency all-reduce moves one 32-bit word per thread, pushed with W - 1
+        // unicast stores or one multicast store (kernels/low_latency.cuh).
+        Kernel::LowLatency | Kernel::LowLatencyMultimem => (len * dtype.size()).div_ceil(4),
         // Reduce-scatter: `len` is the per-rank output (one slice); all-gather: `len` is the
         // largest per-rank chunk (the collectives' grids are sized in plan::collective).
         Kernel::OneShot
@@ -177,9 +176,9 @@ mod tests {
         assert_eq!((mid.blocks, mid.threads), (32, 512));
         let big = plan_all_reduce(65536, DType::BF16, 8, WIDE, &c, Algorithm::LowLatency);
         assert_eq!((big.blocks, big.threads), (32, 512));
-        // The multicast low-latency kernel pushes 16-byte lines: a thread each.
+        // The multicast low-latency kernel takes the same grid: a thread per word.
         let mm = grid(Kernel::LowLatencyMultimem, 4096, DType::BF16, 8, WIDE);
-        assert_eq!((mm.blocks, mm.threads), (4, 128));
+        assert_eq!((mm.blocks, mm.threads), (16, 128));
         // Off when 0, and never beyond the capacity.
         let off = Config {
             low_latency_max_bytes: 0,
