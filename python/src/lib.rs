@@ -61,7 +61,7 @@ macro_rules! with_type {
 }
 
 /// The names of every `Config` field, as keyword arguments.
-const CONFIG_KEYS: [&str; 16] = [
+const CONFIG_KEYS: [&str; 17] = [
     "capacity_bytes",
     "algorithm",
     "one_shot_max_bytes",
@@ -72,6 +72,7 @@ const CONFIG_KEYS: [&str; 16] = [
     "peer_kernels",
     "pdl",
     "pdl_at_exit",
+    "remote_sync_domain",
     "check_divergence",
     "tuning",
     "multicast",
@@ -94,6 +95,7 @@ const _: fn(Config) = |c| {
         peer_kernels: _,
         pdl: _,
         pdl_at_exit: _,
+        remote_sync_domain: _,
         check_divergence: _,
         tuning: _,
         multicast: _,
@@ -150,6 +152,7 @@ fn parse_config(options: Option<&Bound<'_, PyDict>>) -> PyResult<Config> {
             "peer_kernels" => c.peer_kernels = value.extract().map_err(bad)?,
             "pdl" => c.pdl = value.extract().map_err(bad)?,
             "pdl_at_exit" => c.pdl_at_exit = value.extract().map_err(bad)?,
+            "remote_sync_domain" => c.remote_sync_domain = value.extract().map_err(bad)?,
             "check_divergence" => c.check_divergence = value.extract().map_err(bad)?,
             "tuning" => {
                 let path: std::path::PathBuf = value.extract().map_err(bad)?;
@@ -184,6 +187,7 @@ fn config_dict<'py>(py: Python<'py>, c: &Config) -> PyResult<Bound<'py, PyDict>>
     d.set_item("peer_kernels", c.peer_kernels)?;
     d.set_item("pdl", c.pdl)?;
     d.set_item("pdl_at_exit", c.pdl_at_exit)?;
+    d.set_item("remote_sync_domain", c.remote_sync_domain)?;
     d.set_item("check_divergence", c.check_divergence)?;
     let tuning = c.tuning.as_ref().map(|t| {
         t.origin()
