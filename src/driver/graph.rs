@@ -5,7 +5,43 @@
 use cudarc::driver::sys;
 
 use super::check;
-use crate::error::Result;
+use crate::error::{Error, Result};
+
+/// The oldest driver (as `cuDriverGetVersion` reports it) whose capture queries the ordering
+/// of calls uses: `cuStreamGetCaptureInfo_v3` came with CUDA 12.3 (driver r545).
+pub(crate) const OLDEST_DRIVER: i32 = 12030;
+
+/// The driver's CUDA version, asked once (0 if the driver does not answer).
+pub(crate) fn driver_version() -> i32 {
+    static VERSION: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    *VERSION.get_or_init(|| {
+        let mut version: std::ffi::c_int = 0;
+        // SAFETY: a valid out-pointer; the call needs no context.
+        let code = unsafe { sys::cuDriverGetVersion(&mut version) };
+        if code == sys::CUresult::CUDA_SUCCESS {
+            version
+        } else {
+            0
+        }
+    })
+}
+
+/// `Ok` when the driver has the capture queries below; else the typed error (cudarc's loader
+/// would panic on the missing function).
+pub(crate) fn require_capture_queries(ordinal: usize) -> Result<()> {
+    let version = driver_version();
+    if version >= OLDEST_DRIVER {
+        return Ok(());
+    }
+    Err(Error::Unsupported {
+        ordinal,
+        reason: format!(
+            "the driver supports CUDA {}.{}; ordering calls across streams and graph captures needs              cuStreamGetCaptureInfo_v3 (CUDA 12.3, driver r545 or newer): update the driver",
+            version / 1000,
+            (version % 1000) / 10
+        ),
+    })
+}
 
 /// What a stream is doing, as far as capture goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,6 +56,7 @@ pub(crate) enum Capture {
 
 /// The capture state of `stream` (one `cuStreamGetCaptureInfo`).
 pub(crate) fn capture_of(stream: sys::CUstream) -> Result<Capture> {
+    require_capture_queries(0)?;
     let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
     let mut id: sys::cuuint64_t = 0;
     let mut graph: sys::CUgraph = std::ptr::null_mut();

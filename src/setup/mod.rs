@@ -250,6 +250,7 @@ impl State<'_> {
 
     fn check_device_support(&mut self) -> Result<()> {
         let ordinal = self.ctx.ordinal();
+        crate::driver::graph::require_capture_queries(ordinal)?;
         let (major, minor) = self.ctx.compute_capability().during("cuDeviceGetAttribute")?;
         if major < 8 {
             return Err(Error::Unsupported {
