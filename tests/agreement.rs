@@ -463,6 +463,21 @@ fn mixed_calls_with_event_tracking_on(ctx: Arc<CudaContext>) {
     mixed_eager_captured_and_replayed_calls(ctx);
 }
 
+/// A communicator leaves the application's context in the stream mode it found: cudarc's
+/// per-buffer events start only when the application creates a stream of its own (the
+/// crate's stream for its bookkeeping under capture is not one of cudarc's counted streams).
+fn a_communicator_keeps_the_context_single_stream(_ctx: Arc<CudaContext>) {
+    let ctx = symm_allreduce::context(0).unwrap();
+    assert!(ctx.is_event_tracking() && !ctx.is_in_multi_stream_mode());
+    let comms = Communicator::local_group(&[ctx.clone(), ctx.clone()], Config::default()).unwrap();
+    assert!(
+        !ctx.is_in_multi_stream_mode(),
+        "creating a communicator switched the context into cudarc's multi-stream mode"
+    );
+    drop(comms);
+    assert!(!ctx.is_in_multi_stream_mode());
+}
+
 /// A pool buffer passed to the zero-copy calls by one rank and as an ordinary buffer by the
 /// others never changes a peer's pool buffer (the in-place kernel writes every rank's copy):
 /// covered by `rank_local_choices`; this checks the plain f16 path's buffers stay untouched
@@ -551,6 +566,7 @@ fn main() -> std::process::ExitCode {
             gpu_test!(lengths_and_dtypes_that_differ_fail_on_every_rank),
             gpu_test!(mixed_eager_captured_and_replayed_calls),
             gpu_tracked_test!(mixed_calls_with_event_tracking_on),
+            gpu_tracked_test!(a_communicator_keeps_the_context_single_stream),
             gpu_test!(nothing_is_written_around_a_view),
             gpu_test!(pdl_consumers_see_the_complete_output),
         ],

@@ -480,7 +480,7 @@ impl Communicator {
         }
         match stream.capture_status().during("cuStreamIsCapturing")? {
             sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Ok(stream),
-            _ => Ok(shadow),
+            _ => Ok(shadow.stream()),
         }
     }
 

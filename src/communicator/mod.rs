@@ -13,7 +13,7 @@ pub use pool::SymmetricTensor;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
+use cudarc::driver::{sys, CudaContext, CudaEvent};
 
 use crate::backend::nccl::{Fallback, StandIn};
 use crate::backend::peer::PeerBackend;
@@ -111,10 +111,23 @@ pub struct Communicator {
 #[derive(Debug)]
 struct Shadow {
     /// A stream of this rank's context that is never captured by the crate; `None` when the
-    /// context had event tracking off at setup (cudarc then records nothing).
-    stream: Option<Arc<CudaStream>>,
+    /// context had event tracking off at setup (cudarc then records nothing). Not one of
+    /// cudarc's counted streams, so the application's context keeps its stream mode.
+    stream: Option<crate::driver::graph::UncountedStream>,
     /// Joins `stream` back into the caller's capture if a wait drew it in.
     join: CudaEvent,
+}
+
+impl Shadow {
+    /// A shadow stream for `ctx`, or none when cudarc does no event bookkeeping in it.
+    fn new(ctx: &Arc<CudaContext>, join: CudaEvent) -> Result<Shadow> {
+        let stream = if ctx.is_event_tracking() {
+            Some(crate::driver::graph::UncountedStream::new(ctx)?)
+        } else {
+            None
+        };
+        Ok(Shadow { stream, join })
+    }
 }
 
 impl Communicator {
@@ -272,18 +285,14 @@ impl Communicator {
             .ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
             .during("cuEventCreate")?;
-        let shadow = if s.ctx.is_event_tracking() {
-            Some(s.ctx.new_stream().during("cuStreamCreate")?)
-        } else {
-            None
-        };
+        let shadow = Shadow::new(&s.ctx, join)?;
         let pool = match &paths {
             Paths::Peer { peer, .. } => pool::Pool::new(peer.workspace(), s.rank),
             Paths::NcclOnly { .. } => None,
         };
         let comm = Communicator {
             order: Mutex::new(order::StreamOrder::new(event, scratch)),
-            shadow: Shadow { stream: shadow, join },
+            shadow,
             paths,
             pool,
             ctx: s.ctx,

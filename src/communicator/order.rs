@@ -39,7 +39,7 @@ use crate::error::{Error, Result};
 /// The ordering state of one communicator (behind its mutex: one call at a time).
 #[derive(Debug)]
 pub(super) struct StreamOrder {
-    /// The stream of the last eager call (the one `Drop` waits for).
+    /// The stream of the last eager call.
     last: Option<Arc<CudaStream>>,
     /// Marks the end of the most recently enqueued call.
     serial: CudaEvent,
@@ -101,10 +101,10 @@ impl StreamOrder {
 
     fn eager(&mut self, stream: &Arc<CudaStream>, launch: impl FnOnce() -> Result<()>) -> Result<()> {
         let order = |e: cudarc::driver::DriverError| Error::StreamOrder { source: e };
-        let switched = self
-            .last
-            .as_ref()
-            .is_some_and(|l| l.cu_stream() != stream.cu_stream());
+        // The implicit streams' handles name another stream on each thread: always a switch.
+        let switched = self.last.as_ref().is_some_and(|l| {
+            l.cu_stream() != stream.cu_stream() || graph::is_implicit_stream(stream.cu_stream())
+        });
         if self.mixing || switched {
             stream.wait(&self.serial).map_err(order)?;
         }
@@ -171,14 +171,13 @@ impl StreamOrder {
     }
 
     /// Waits until every call enqueued so far (eager, or in a graph launched so far) has
-    /// completed; the first failure is returned, after both waits.
+    /// completed: `serial` marks the last of them (every eager call records it, and every
+    /// launched graph's record nodes). In the relaxed capture mode, so that a drop or close
+    /// while a capture is going on (a garbage-collected communicator inside
+    /// `torch.cuda.graph`, say) does not invalidate that capture.
     pub(super) fn wait_for_all(&mut self) -> std::result::Result<(), cudarc::driver::DriverError> {
-        let serial = if self.mixing {
-            self.serial.synchronize()
-        } else {
-            Ok(())
-        };
-        let last = self.last.take().map_or(Ok(()), |last| last.synchronize());
-        serial.and(last)
+        let _relaxed = graph::RelaxedCapture::enter();
+        self.last = None;
+        self.serial.synchronize()
     }
 }

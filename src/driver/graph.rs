@@ -110,6 +110,37 @@ pub(crate) fn capture_frontier(stream: sys::CUstream) -> Result<Vec<sys::CUgraph
     Ok(unsafe { std::slice::from_raw_parts(nodes, count) }.to_vec())
 }
 
+/// This thread in the relaxed capture mode while the guard lives (the previous mode comes
+/// back on drop): a wait for the communicator's work (`Drop`, `close`) must not invalidate a
+/// capture that another thread, or this one on another stream, has going in global mode.
+pub(crate) struct RelaxedCapture(Option<sys::CUstreamCaptureMode>);
+
+impl RelaxedCapture {
+    /// Switches this thread to `CU_STREAM_CAPTURE_MODE_RELAXED`.
+    pub(crate) fn enter() -> RelaxedCapture {
+        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: a valid in/out pointer; the call touches only this thread's mode.
+        let code = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        RelaxedCapture((code == sys::CUresult::CUDA_SUCCESS).then_some(mode))
+    }
+}
+
+impl Drop for RelaxedCapture {
+    fn drop(&mut self) {
+        if let Some(mut mode) = self.0.take() {
+            // SAFETY: as in `enter`; this restores the mode `enter` replaced.
+            let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        }
+    }
+}
+
+/// Whether `stream` is one of the driver's implicit streams (the legacy default stream, or
+/// the per-thread default stream): one handle that stands for a different stream on each
+/// thread, so two calls with the same handle may still be on different streams.
+pub(crate) fn is_implicit_stream(stream: sys::CUstream) -> bool {
+    matches!(stream as usize, 0..=2)
+}
+
 /// Makes `stream`, which is being captured, wait for `event` *when the graph runs*: an
 /// event-wait node (the external flag), which at each launch waits for the work the event
 /// last recorded before that launch.
@@ -138,4 +169,39 @@ pub(crate) fn add_record_node(
     let code = unsafe { sys::cuGraphAddEventRecordNode(&mut node, graph, deps.as_ptr(), deps.len(), event) };
     check(code, "cuGraphAddEventRecordNode")?;
     Ok(node)
+}
+
+/// A stream made with the driver and wrapped for cudarc as borrowed, destroyed on drop: it
+/// does not count as one of cudarc's streams. cudarc switches a context into multi-stream
+/// mode (an event on every buffer use from then on) at the first stream it creates, which a
+/// library must not do behind the application's back.
+#[derive(Debug)]
+pub(crate) struct UncountedStream(std::sync::Arc<cudarc::driver::CudaStream>);
+
+impl UncountedStream {
+    /// A non-blocking stream of `ctx`.
+    pub(crate) fn new(ctx: &std::sync::Arc<cudarc::driver::CudaContext>) -> Result<UncountedStream> {
+        use crate::error::CudaResultExt;
+        use cudarc::driver::result::stream;
+        ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        let raw = stream::create(stream::StreamKind::NonBlocking).during("cuStreamCreate")?;
+        // SAFETY: `raw` is a stream of `ctx`, created just now and destroyed only by `Drop`;
+        // the wrapper never leaves this value (callers borrow it).
+        Ok(UncountedStream(unsafe { ctx.wrap_borrowed_stream(raw) }))
+    }
+
+    /// The stream.
+    pub(crate) fn stream(&self) -> &std::sync::Arc<cudarc::driver::CudaStream> {
+        &self.0
+    }
+}
+
+impl Drop for UncountedStream {
+    fn drop(&mut self) {
+        let _ = self.0.context().bind_to_thread();
+        // SAFETY: made by `UncountedStream::new` and destroyed once, here; the borrowed wrapper
+        // does nothing with it when it drops; work still queued on it completes before the
+        // driver releases it.
+        let _ = unsafe { cudarc::driver::result::stream::destroy(self.0.cu_stream()) };
+    }
 }
