@@ -838,21 +838,16 @@ impl Bench {
                     plan.warmup(mode),
                     &mut round,
                 )?;
-                rows.push(
-                    Row {
-                        dtype: T::DTYPE.name().into(),
-                        mode,
-                        algo: "nccl".into(),
-                        kernel: "nccl".into(),
-                        placement: self.placement.name().into(),
-                        world: n,
-                        blocks: None,
-                        size_bytes: bytes,
-                        count: len,
-                        ..measured_row(&m)
-                    }
-                    .with_derived(),
-                );
+                rows.push(nccl_row(
+                    T::DTYPE.name(),
+                    "nccl",
+                    mode,
+                    self.placement.name(),
+                    n,
+                    bytes,
+                    len,
+                    &m,
+                ));
             }
             Ok(())
         })();
@@ -910,24 +905,46 @@ impl Bench {
             for (c, s) in comms.iter().zip(streams) {
                 c.synchronize(s)?;
             }
-            rows.push(
-                Row {
-                    dtype: T::DTYPE.name().into(),
-                    mode,
-                    algo: "nccl_symm".into(),
-                    kernel: "nccl_symm".into(),
-                    placement: self.placement.name().into(),
-                    world: n,
-                    blocks: None,
-                    size_bytes: bytes,
-                    count: len,
-                    ..measured_row(&m)
-                }
-                .with_derived(),
-            );
+            rows.push(nccl_row(
+                T::DTYPE.name(),
+                "nccl_symm",
+                mode,
+                self.placement.name(),
+                n,
+                bytes,
+                len,
+                &m,
+            ));
         }
         Ok(())
     }
+}
+
+/// A measured row of an NCCL path (`nccl`, `nccl_symm`): no blocks of ours.
+#[allow(clippy::too_many_arguments)]
+fn nccl_row(
+    dtype: &str,
+    algo: &str,
+    mode: Mode,
+    placement: &str,
+    world: usize,
+    bytes: usize,
+    len: usize,
+    m: &Measured,
+) -> Row {
+    Row {
+        dtype: dtype.into(),
+        mode,
+        algo: algo.into(),
+        kernel: algo.into(),
+        placement: placement.into(),
+        world,
+        blocks: None,
+        size_bytes: bytes,
+        count: len,
+        ..measured_row(m)
+    }
+    .with_derived()
 }
 
 /// One NCCL all-reduce per windowed rank, pool buffer to pool buffer, in one NCCL group.
