@@ -1,5 +1,6 @@
 //! Stream capture and graph nodes: what the communicator needs to order its calls across
-//! eager launches, captures and graph replays (`communicator/order.rs`). Each function is one
+//! eager launches, captures and graph replays (`communicator/order.rs`), and the stream it
+//! keeps cudarc's bookkeeping on while a caller's stream is captured (`UncountedStream`). Each function is one
 //! or two driver calls; the caller owns the event and the stream.
 
 use cudarc::driver::sys;
