@@ -45,6 +45,12 @@ struct SymmArgs {
     uint32_t ident;
     // FLAG_* bits.
     uint32_t flags;
+    // The low-latency kernels' rotation of this call (src/kernels/abi.rs `ll_rotation`): byte
+    // o of a low-latency slot is stored at (o + ll_rot) mod ll_slot_bytes (a power of two;
+    // ll_rot a multiple of 16). It grows with the call's length and differs by dtype and
+    // kernel, so two ranks that make different low-latency calls poll lines the other never
+    // writes and time out, instead of reading each other's data (docs/design.md).
+    uint64_t ll_rot;
 };
 
 // `SymmArgs::flags`: trigger Programmatic Dependent Launch only when the kernel exits (its
@@ -53,7 +59,7 @@ constexpr uint32_t FLAG_PDL_AT_EXIT = 1;
 // `SymmArgs::flags` of the test consumer (symm_consume): it calls `griddepcontrol.wait` first.
 constexpr uint32_t FLAG_CONSUMER_WAITS = 2;
 
-static_assert(sizeof(SymmArgs) == 128, "SymmArgs: ten u64, two u32, four u64, two u32, as in src/kernels/abi.rs");
+static_assert(sizeof(SymmArgs) == 136, "SymmArgs: ten u64, two u32, four u64, two u32, one u64, as in src/kernels/abi.rs");
 static_assert(alignof(SymmArgs) == 8, "SymmArgs is 8-aligned");
 static_assert(offsetof(SymmArgs, ll_offset) == 48, "SymmArgs::ll_offset");
 static_assert(offsetof(SymmArgs, error) == 64, "SymmArgs::error");

@@ -85,7 +85,7 @@ struct UnicastColl {
     // rank's own slot is not written.
     __device__ __forceinline__ void broadcast_word(uint32_t buffer, uint64_t i, uint32_t wire) const {
         SYMM_POLICY_MARK("broadcast_word");
-        char* rank0_slot = reinterpret_cast<char*>(ll_line(a, 0, buffer, a.rank, 0)) + i * sizeof(uint32_t);
+        char* rank0_slot = reinterpret_cast<char*>(ll_word(a, 0, buffer, a.rank, i));
 #pragma unroll
         for (uint32_t q = 0; q < MAX_RANKS; ++q) {
             if (q < a.world && q != a.rank) st_relaxed_sys_u32(reinterpret_cast<uint32_t*>(rank0_slot + q * a.stride), wire);

@@ -176,7 +176,7 @@ __device__ __forceinline__ bool ll_all_reduce_word(const Coll& coll, const T* in
     const uint32_t own = load_word(in, n, i, is_aligned(in, 4));
     coll.broadcast_word(buffer, i, wire_word(own));
 
-    uint32_t* source0 = reinterpret_cast<uint32_t*>(ll_line(a, a.rank, buffer, 0, 0)) + i;
+    uint32_t* source0 = ll_word(a, a.rank, buffer, 0, i);
     const uint64_t slot = a.ll_slot_bytes / sizeof(uint32_t);
     uint32_t w[MAX_RANKS];
     if (!ll_poll_peers(a, source0, slot, [](uint32_t x) { return x != NOT_ARRIVED; }, w)) return false;

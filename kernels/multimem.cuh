@@ -216,7 +216,7 @@ struct MultimemColl {
     // sentinel or the word.
     __device__ __forceinline__ void broadcast_word(uint32_t buffer, uint64_t i, uint32_t wire) const {
         SYMM_POLICY_MARK("broadcast_word");
-        const uint64_t own = reinterpret_cast<uint64_t>(ll_line(a, a.rank, buffer, a.rank, 0)) + i * sizeof(uint32_t) -
+        const uint64_t own = reinterpret_cast<uint64_t>(ll_word(a, a.rank, buffer, a.rank, i)) -
                              reinterpret_cast<uint64_t>(rank_alloc(a, a.rank));
         multimem_st_b32(mc + own, wire);
     }

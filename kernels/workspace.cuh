@@ -18,11 +18,26 @@ __device__ __forceinline__ char* symmetric_buffer(const SymmArgs& a, uint32_t ow
     return rank_alloc(a, owner) + a.data_offset + 2 * a.data_bytes;
 }
 
-// Line `line` of the slot that rank `source` fills in `owner`'s low-latency buffer `buffer`.
+// Byte `offset` of the slot that rank `source` fills in `owner`'s low-latency buffer
+// `buffer`, where this call keeps it: rotated by the call's `ll_rot` inside the slot (a power
+// of two bytes). Every low-latency access goes through here, so a reader and its writers of
+// the same call agree on every position, and whatever a kernel re-arms is where it read.
+__device__ __forceinline__ char* ll_slot_byte(const SymmArgs& a, uint32_t owner, uint32_t buffer, uint32_t source,
+                                              uint64_t offset) {
+    char* slot = rank_alloc(a, owner) + a.ll_offset + (buffer * a.world + source) * a.ll_slot_bytes;
+    return slot + ((offset + a.ll_rot) & (a.ll_slot_bytes - 1));
+}
+
+// Line `line` (16 bytes) of that slot.
 __device__ __forceinline__ ulonglong2* ll_line(const SymmArgs& a, uint32_t owner, uint32_t buffer, uint32_t source,
                                                uint64_t line) {
-    char* slot = rank_alloc(a, owner) + a.ll_offset + (buffer * a.world + source) * a.ll_slot_bytes;
-    return reinterpret_cast<ulonglong2*>(slot) + line;
+    return reinterpret_cast<ulonglong2*>(ll_slot_byte(a, owner, buffer, source, line * sizeof(ulonglong2)));
+}
+
+// 32-bit word `i` of that slot (word 4l + k is word k of line l).
+__device__ __forceinline__ uint32_t* ll_word(const SymmArgs& a, uint32_t owner, uint32_t buffer, uint32_t source,
+                                             uint64_t i) {
+    return reinterpret_cast<uint32_t*>(ll_slot_byte(a, owner, buffer, source, i * sizeof(uint32_t)));
 }
 
 // Rank `owner`'s call state entry for block index `block` (peers only ever write its poison

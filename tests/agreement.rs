@@ -11,8 +11,8 @@
 //!   passed (every rank's pool buffer is compared with what it held whenever that rank did
 //!   not pass it).
 //! - Ranks whose lengths differ by one element, or whose dtypes differ: an error on every rank,
-//!   with the divergence check off for the barrier kernels (their flags carry the call's
-//!   identity) and on for the low-latency kernels (whose words carry none: docs/design.md).
+//!   with the divergence check off (the barrier kernels' flags carry the call's identity; the
+//!   low-latency kernels place their lines by a rotation that differs: docs/design.md) and on.
 //! - Eager calls, captured calls and graph replays mixed on two and three streams per rank,
 //!   with the first eager call still queued behind a slow kernel: every call's result bit for
 //!   bit, event tracking off and on.
@@ -293,14 +293,18 @@ fn expect_failure_everywhere(
 
 fn lengths_and_dtypes_that_differ_fail_on_every_rank(ctx: Arc<CudaContext>) {
     use Algorithm::{Auto, LowLatency, OneShot, TwoShot};
-    // The barrier kernels, divergence check off: the flags tell the calls apart. The
-    // low-latency kernel (Auto at these sizes), check on.
+    // Divergence check off: the barrier kernels' flags tell the calls apart, and the
+    // low-latency kernel's rotation of its lines (Auto at 4097: low-latency; 7 and 8 bf16
+    // elements fill one line either way). Check on: the announcements do, before any data.
     for (algo, len, check) in [
         (OneShot, 1001usize, false),
         (OneShot, 70_001, false),
         (TwoShot, 1001, false),
         (TwoShot, 300_001, false),
         (Auto, 200_001, false),
+        (LowLatency, 7, false),
+        (LowLatency, 1001, false),
+        (Auto, 4097, false),
         (LowLatency, 1001, true),
         (Auto, 4097, true),
     ] {

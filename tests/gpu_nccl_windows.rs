@@ -205,12 +205,32 @@ fn all_reduce_through_nccl_on_pool_buffers_is_exact(ctx: Arc<CudaContext>) {
     );
 }
 
+/// `config(true)` with every `Auto` call sent to NCCL: the all-gather-v has no per-call
+/// algorithm, and below the workspace's capacity `Auto` takes the peer kernels.
+fn nccl_configured() -> Config {
+    Config {
+        algorithm: Algorithm::Nccl,
+        ..config(true)
+    }
+}
+
 /// The all-gather-v of fp4-sized, odd byte counts and the all-gather through NCCL on pool
-/// buffers: byte for byte.
+/// buffers: byte for byte. Counts above the workspace's capacity go to NCCL under `Auto`;
+/// the smaller ones on a communicator configured with `Algorithm::Nccl`.
 fn all_gather_v_through_nccl_on_pool_buffers_is_byte_exact(ctx: Arc<CudaContext>) {
-    let comm = lone_rank(&ctx, config(true));
+    let sized = lone_rank(&ctx, config(true));
+    let above = 1000 * FP4_ROW + 1;
+    assert!(above > config(true).capacity_bytes);
+    let path = sized.all_gather_v_path(&[above]).unwrap();
+    assert_eq!(
+        path.algorithm,
+        Algorithm::Nccl,
+        "{above} bytes under Auto: {path}"
+    );
+    drop(sized);
+    let comm = lone_rank(&ctx, nccl_configured());
     let stream = ctx.new_stream().unwrap();
-    for count in [3 * FP4_ROW + 1, 97 * FP4_ROW + 7, 1000 * FP4_ROW + 1] {
+    for count in [3 * FP4_ROW + 1, 97 * FP4_ROW + 7, above] {
         let path = comm.all_gather_v_path(&[count]).unwrap();
         assert_eq!(path.algorithm, Algorithm::Nccl, "{count} bytes: {path}");
         let host = bytes(count, count);
@@ -234,9 +254,11 @@ fn all_gather_v_through_nccl_on_pool_buffers_is_byte_exact(ctx: Arc<CudaContext>
 
 /// NCCL calls on pool buffers captured in a CUDA graph and replayed on new inputs.
 fn nccl_calls_on_pool_buffers_replay_from_a_graph(ctx: Arc<CudaContext>) {
-    let comm = lone_rank(&ctx, config(true));
+    let comm = lone_rank(&ctx, nccl_configured());
     let stream: Arc<CudaStream> = ctx.new_stream().unwrap();
     let (len, count) = (1 << 19, 5 * FP4_ROW + 3);
+    let path = comm.all_gather_v_path(&[count]).unwrap();
+    assert_eq!(path.algorithm, Algorithm::Nccl, "{path}");
     let mut ar_in = comm.alloc_symmetric::<bf16>(len, &stream).unwrap();
     let mut ar_out = comm.alloc_symmetric::<bf16>(len, &stream).unwrap();
     let mut ag_in = Bytes::new(&comm, count, &stream);

@@ -1,11 +1,15 @@
 //! `symm_allreduce._native`: the Rust half of the `symm_allreduce` Python package.
 //!
-//! The pure-Python layer (`pysrc/symm_allreduce`) turns torch tensors into plain descriptors
+//! The pure-Python layer (`pysrc/symm_allreduce`) turns tensors into plain descriptors
 //! (address, element count, dtype name, device, contiguity) and the current CUDA stream into
-//! an integer; this module validates every one of them (the device of the stream and of the
-//! memory is asked of the driver, not trusted) and calls the crate's public API. No libtorch
-//! is linked. Every crate [`Error`] becomes an exception of `symm_allreduce.errors`, with the
-//! crate's own message (`errors::raise`).
+//! an integer; this module validates every one of them (the device of the memory is asked of
+//! the driver, not trusted; so is the stream's, the first time a communicator sees its handle)
+//! and calls the crate's public API. The all-reduce of plain torch tensors has a hot path
+//! (`Communicator.all_reduce_ptr`): the Python layer checks them through torch's own accessors
+//! and passes integers (address, length, dtype and algorithm codes); nothing is allocated or
+//! asked of the driver per call beyond the crate's own call. No libtorch is linked. Every
+//! crate [`Error`] becomes an exception of `symm_allreduce.errors`, with the crate's own
+//! message (`errors::raise`).
 
 mod dlpack;
 mod errors;
@@ -107,6 +111,93 @@ const _: fn(Config) = |c| {
 
 fn parse_algorithm(name: &str) -> PyResult<Algorithm> {
     name.parse::<Algorithm>().map_err(invalid_call)
+}
+
+/// Every algorithm, in the order of its code on the hot path (`all_reduce_ptr` takes the
+/// index here, `algorithm_code` maps a name to it; the Python layer maps each name once).
+const ALGORITHMS: [Algorithm; 8] = [
+    Algorithm::Auto,
+    Algorithm::OneShot,
+    Algorithm::TwoShot,
+    Algorithm::LowLatency,
+    Algorithm::Multimem,
+    Algorithm::MultimemOneShot,
+    Algorithm::MultimemLowLatency,
+    Algorithm::Nccl,
+];
+
+/// Fails to compile when `Algorithm` gains a variant: add it to [`ALGORITHMS`], then here.
+const _: fn(Algorithm) = |a| match a {
+    Algorithm::Auto
+    | Algorithm::OneShot
+    | Algorithm::TwoShot
+    | Algorithm::LowLatency
+    | Algorithm::Multimem
+    | Algorithm::MultimemOneShot
+    | Algorithm::MultimemLowLatency
+    | Algorithm::Nccl => {}
+};
+
+/// The algorithm of a hot-path code (an index into [`ALGORITHMS`]).
+fn algorithm_of_code(code: u8) -> PyResult<Algorithm> {
+    ALGORITHMS.get(usize::from(code)).copied().ok_or_else(|| {
+        invalid_call(format!(
+            "unknown algorithm code {code}: expected 0 to {} (symm_allreduce._native.algorithm_code)",
+            ALGORITHMS.len() - 1
+        ))
+    })
+}
+
+/// The hot-path code of an algorithm name (aliases too), or the crate's "unknown algorithm".
+#[pyfunction]
+fn algorithm_code(name: &str) -> PyResult<u8> {
+    let algorithm = parse_algorithm(name)?;
+    // Every variant is in ALGORITHMS (checked at compile time above), at an index below 8.
+    Ok(ALGORITHMS
+        .iter()
+        .position(|a| *a == algorithm)
+        .unwrap_or_default() as u8)
+}
+
+/// The hot-path code of a dtype name (as `element_size` takes it), or `InvalidCallError`.
+#[pyfunction]
+fn dtype_code(name: &str) -> PyResult<u8> {
+    Ok(Kind::parse(name)?.code())
+}
+
+/// What `all_reduce_ptr` checks before it touches the communicator: the codes, and no null
+/// address under a non-empty buffer. Returns the dtype and the algorithm.
+fn decode_ptr_call(
+    (input, input_len): (u64, usize),
+    (output, output_len): (u64, usize),
+    dtype: u8,
+    algorithm: u8,
+) -> PyResult<(Kind, Algorithm)> {
+    let algorithm = algorithm_of_code(algorithm)?;
+    let kind = Kind::from_code(dtype)?;
+    for (what, ptr, len) in [("input", input, input_len), ("output", output, output_len)] {
+        if ptr == 0 && len != 0 {
+            return Err(invalid_call(format!(
+                "{what} is a null address of {len} elements"
+            )));
+        }
+    }
+    Ok((kind, algorithm))
+}
+
+/// `all_reduce_ptr`'s checks of its arguments (no device needed): for the host tests and
+/// `python -m symm_allreduce.bench --host-only`.
+#[pyfunction]
+fn check_ptr_call(
+    input: u64,
+    input_len: usize,
+    output: u64,
+    output_len: usize,
+    dtype: u8,
+    algorithm: u8,
+) -> PyResult<()> {
+    decode_ptr_call((input, input_len), (output, output_len), dtype, algorithm)?;
+    Ok(())
 }
 
 fn parse_multicast(name: &str) -> PyResult<Multicast> {
@@ -272,7 +363,8 @@ impl Bootstrap for PyBootstrap {
 }
 
 /// Streams whose wrappers a communicator keeps (the most recent ones; torch's current stream
-/// is per thread, so a few threads each keep theirs without a new wrapper per call).
+/// is per thread, so a few threads each keep theirs without a new wrapper or a driver call per
+/// call).
 const STREAM_CACHE: usize = 8;
 
 /// One rank of a group: the crate's `Communicator` plus its device context. Usable from any
@@ -289,8 +381,9 @@ struct PyCommunicator {
     ctx: Arc<CudaContext>,
     /// The bootstrap of a process group, for the collective close.
     bootstrap: Option<PyBootstrap>,
-    /// The last streams seen and their wrappers, most recent first (no allocation while a
-    /// thread's stream stays the same).
+    /// The last streams seen, checked to be streams of `ctx`, and their wrappers, most recent
+    /// first: a call on the stream of the previous call compares one integer (no driver call,
+    /// no allocation).
     streams: Mutex<Vec<(usize, Arc<CudaStream>)>>,
 }
 
@@ -320,30 +413,44 @@ impl PyCommunicator {
         lock(&self.comm).clone().ok_or_else(closed_error)
     }
 
-    /// The caller's stream, checked to belong to this rank's device (on every call: a handle
-    /// seen before may have been destroyed and its value reused).
+    /// The caller's stream, checked to belong to this rank's device when its handle is not
+    /// one of the last [`STREAM_CACHE`] this communicator checked. A handle seen before is
+    /// taken as the same stream: torch's streams (its pool's, and the default ones) live as
+    /// long as the process, and a stream handed in as current must outlive its calls anyway;
+    /// only a stream destroyed and its handle value reused by a stream of another device
+    /// would get past the check (the driver then refuses the launch on a stream of another
+    /// context, "invalid resource handle", and the call raises rather than running there).
     fn stream(&self, handle: usize) -> PyResult<Arc<CudaStream>> {
-        tensor::check_stream(&self.ctx, handle).map_err(raise)?;
-        let mut streams = lock(&self.streams);
-        if let Some(i) = streams.iter().position(|(h, _)| *h == handle) {
-            let entry = streams.remove(i);
-            let s = entry.1.clone();
-            streams.insert(0, entry);
-            return Ok(s);
+        {
+            let mut streams = lock(&self.streams);
+            if let Some(i) = streams.iter().position(|(h, _)| *h == handle) {
+                // Most recent first: one rotation within the fixed capacity (no allocation).
+                streams[..=i].rotate_right(1);
+                return Ok(streams[0].1.clone());
+            }
         }
+        tensor::check_stream(&self.ctx, handle).map_err(raise)?;
         // SAFETY: the handle is a stream of this context (checked above); the caller (torch)
-        // keeps it alive for the call, and the wrapper (borrowed: dropping it destroys
+        // keeps it alive for its calls, and the wrapper (borrowed: dropping it destroys
         // nothing) is only used by this communicator's calls on that stream, which the
         // caller orders with its own work as any launch on its current stream is.
         let s = unsafe { self.ctx.wrap_borrowed_stream(handle as _) };
+        let mut streams = lock(&self.streams);
         streams.truncate(STREAM_CACHE - 1);
         streams.insert(0, (handle, s.clone()));
         Ok(s)
     }
 
-    fn raw<T>(&self, arg: &TensorArg, what: &'static str, stream: &Arc<CudaStream>) -> PyResult<Raw<T>> {
+    /// A described tensor as a buffer of the call on `stream`, after every check of the
+    /// descriptor and the driver's word on where its memory is.
+    fn raw<'s, T>(
+        &self,
+        arg: &TensorArg,
+        what: &'static str,
+        stream: &'s Arc<CudaStream>,
+    ) -> PyResult<Raw<'s, T>> {
         tensor::check(arg, what, self.ctx.ordinal())?;
-        Ok(Raw::new(arg.0, arg.1, stream.clone()))
+        Ok(Raw::new(arg.0, arg.1, stream))
     }
 
     /// Takes the communicator out (later calls raise "closed") and waits, without the GIL,
@@ -476,8 +583,8 @@ impl PyCommunicator {
     /// Waits for this rank's calls on `stream` and reports a peer timeout or kernel fault
     /// (without the GIL: other Python threads run while it waits).
     fn synchronize(&self, py: Python<'_>, stream: usize) -> PyResult<()> {
-        let s = self.stream(stream)?;
         let comm = self.comm()?;
+        let s = self.stream(stream)?;
         py.detach(move || comm.synchronize(&s)).map_err(raise)
     }
 
@@ -493,8 +600,8 @@ impl PyCommunicator {
     ) -> PyResult<()> {
         let algorithm = parse_algorithm(algorithm)?;
         let kind = tensor::same_dtype(&[(&input, "input"), (&output, "output")])?;
-        let s = self.stream(stream)?;
         let comm = self.comm()?;
+        let s = self.stream(stream)?;
         with_type!(sum kind, T => {
             if input.0 == output.0 && input.1 == output.1 {
                 let mut buf = self.raw::<T>(&output, "output", &s)?;
@@ -507,13 +614,49 @@ impl PyCommunicator {
         })
     }
 
+    /// The hot path of `SymmAllReduce.all_reduce` and `custom_all_reduce`: `output ← Σ_ranks
+    /// input` for two buffers given as device address and element count (in place when both
+    /// are the same), `dtype` and `algorithm` as codes (`dtype_code`, `algorithm_code`).
+    ///
+    /// For tensors the Python layer has checked through torch itself: plain `torch.Tensor`s,
+    /// CUDA, of this rank's device, contiguous, of one summable dtype. Unlike `all_reduce`,
+    /// it does not ask the driver again where the memory is (torch's device is the driver's);
+    /// the stream is checked as for every call ([`PyCommunicator::stream`]), and the crate
+    /// checks the rest (lengths, alignment, capacity). Keeps the GIL: it only enqueues, and
+    /// waits on nothing but the communicator's own short-held locks.
+    #[allow(clippy::too_many_arguments)]
+    fn all_reduce_ptr(
+        &self,
+        input: u64,
+        input_len: usize,
+        output: u64,
+        output_len: usize,
+        dtype: u8,
+        stream: usize,
+        algorithm: u8,
+    ) -> PyResult<()> {
+        let (kind, algorithm) = decode_ptr_call((input, input_len), (output, output_len), dtype, algorithm)?;
+        let comm = self.comm()?;
+        let s = self.stream(stream)?;
+        with_type!(sum kind, T => {
+            if input == output && input_len == output_len {
+                let mut buf = Raw::<T>::new(output, output_len, &s);
+                comm.all_reduce_in_place(&mut buf, &s, algorithm).map_err(raise)
+            } else {
+                let inp = Raw::<T>::new(input, input_len, &s);
+                let mut out = Raw::<T>::new(output, output_len, &s);
+                comm.all_reduce_with(&inp, &mut out, &s, algorithm).map_err(raise)
+            }
+        })
+    }
+
     /// Zero-copy in-place sum of a buffer of this communicator's symmetric pool (a tensor
     /// made from `alloc_symmetric`'s capsule): every rank calls it with its buffer of the same
     /// allocation; anything else is refused (`ForeignPoolBuffer`) before anything runs.
     fn all_reduce_pool(&self, buffer: TensorArg, stream: usize) -> PyResult<()> {
         let kind = tensor::same_dtype(&[(&buffer, "buffer")])?;
-        let s = self.stream(stream)?;
         let comm = self.comm()?;
+        let s = self.stream(stream)?;
         with_type!(sum kind, T => {
             let mut buf = self.raw::<T>(&buffer, "buffer", &s)?;
             comm.all_reduce_pool_buffer(&mut buf, &s).map_err(raise)
@@ -523,8 +666,8 @@ impl PyCommunicator {
     /// Gathers every rank's `input` into `output`, rank-major.
     fn all_gather(&self, input: TensorArg, output: TensorArg, stream: usize) -> PyResult<()> {
         let kind = tensor::same_dtype(&[(&input, "input"), (&output, "output")])?;
-        let s = self.stream(stream)?;
         let comm = self.comm()?;
+        let s = self.stream(stream)?;
         with_type!(gather kind, T => {
             let inp = self.raw::<T>(&input, "input", &s)?;
             let mut out = self.raw::<T>(&output, "output", &s)?;
@@ -541,8 +684,8 @@ impl PyCommunicator {
         stream: usize,
     ) -> PyResult<()> {
         let kind = tensor::same_dtype(&[(&input, "input"), (&output, "output")])?;
-        let s = self.stream(stream)?;
         let comm = self.comm()?;
+        let s = self.stream(stream)?;
         with_type!(gather kind, T => {
             let inp = self.raw::<T>(&input, "input", &s)?;
             let mut out = self.raw::<T>(&output, "output", &s)?;
@@ -561,8 +704,8 @@ impl PyCommunicator {
     ) -> PyResult<()> {
         let algorithm = parse_algorithm(algorithm)?;
         let kind = tensor::same_dtype(&[(&input, "input"), (&output, "output")])?;
-        let s = self.stream(stream)?;
         let comm = self.comm()?;
+        let s = self.stream(stream)?;
         with_type!(sum kind, T => {
             let inp = self.raw::<T>(&input, "input", &s)?;
             let mut out = self.raw::<T>(&output, "output", &s)?;
@@ -590,8 +733,8 @@ impl PyCommunicator {
             (&weight, "weight"),
             (&norm_out, "norm_out"),
         ])?;
-        let s = self.stream(stream)?;
         let comm = self.comm()?;
+        let s = self.stream(stream)?;
         with_type!(sum kind, T => {
             let inp = self.raw::<T>(&input, "input", &s)?;
             let mut res = self.raw::<T>(&residual, "residual", &s)?;
@@ -744,6 +887,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", symm_allreduce::VERSION)?;
     m.add("MAX_RANKS", symm_allreduce::MAX_RANKS)?;
     m.add("CONFIG_KEYS", CONFIG_KEYS.to_vec())?;
+    m.add("ALGORITHMS", ALGORITHMS.map(Algorithm::name).to_vec())?;
     m.add_class::<PyCommunicator>()?;
     m.add_function(wrap_pyfunction!(kernels_available, m)?)?;
     m.add_function(wrap_pyfunction!(device_count, m)?)?;
@@ -754,5 +898,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(element_size, m)?)?;
     m.add_function(wrap_pyfunction!(check_tensor, m)?)?;
     m.add_function(wrap_pyfunction!(dtypes, m)?)?;
+    m.add_function(wrap_pyfunction!(algorithm_code, m)?)?;
+    m.add_function(wrap_pyfunction!(dtype_code, m)?)?;
+    m.add_function(wrap_pyfunction!(check_ptr_call, m)?)?;
     Ok(())
 }

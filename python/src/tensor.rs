@@ -18,15 +18,25 @@ use crate::errors::{invalid_call, raise};
 pub(crate) type TensorArg = (u64, usize, String, String, i64, bool);
 
 /// The dtypes a call may name: the three the reductions sum, and the two byte types the
-/// gathers also move.
+/// gathers also move. The discriminant is the dtype's code on the hot path ([`Kind::code`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub(crate) enum Kind {
-    F32,
-    F16,
-    BF16,
-    U8,
-    I8,
+    F32 = 0,
+    F16 = 1,
+    BF16 = 2,
+    U8 = 3,
+    I8 = 4,
 }
+
+/// [`Kind::ALL`] lists the dtypes in the order of their codes ([`Kind::from_code`] indexes it).
+const _: () = {
+    let mut i = 0;
+    while i < Kind::ALL.len() {
+        assert!(Kind::ALL[i] as usize == i);
+        i += 1;
+    }
+};
 
 impl Kind {
     pub(crate) const ALL: [Kind; 5] = [Kind::F32, Kind::F16, Kind::BF16, Kind::U8, Kind::I8];
@@ -40,6 +50,22 @@ impl Kind {
             Kind::U8 => "uint8",
             Kind::I8 => "int8",
         }
+    }
+
+    /// The code of this dtype on the hot path (`symm_allreduce._native.dtype_code`): its
+    /// index in [`Kind::ALL`].
+    pub(crate) const fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// The dtype of a hot-path code ([`Kind::code`]).
+    pub(crate) fn from_code(code: u8) -> PyResult<Kind> {
+        Kind::ALL.get(usize::from(code)).copied().ok_or_else(|| {
+            invalid_call(format!(
+                "unknown dtype code {code}: expected 0 to {} (symm_allreduce._native.dtype_code)",
+                Kind::ALL.len() - 1
+            ))
+        })
     }
 
     pub(crate) const fn size(self) -> usize {
@@ -226,16 +252,17 @@ pub(crate) fn check_stream(ctx: &Arc<CudaContext>, handle: usize) -> symm_allred
 
 /// A caller's device memory, seen as a typed buffer: the crate's calls take it like any
 /// cudarc buffer. It records no event (torch orders its own streams; the call is launched
-/// on the caller's current stream).
-pub(crate) struct Raw<T> {
+/// on the caller's current stream). It borrows the call's stream wrapper (no reference count
+/// is touched per buffer).
+pub(crate) struct Raw<'s, T> {
     ptr: u64,
     len: usize,
-    stream: Arc<CudaStream>,
+    stream: &'s Arc<CudaStream>,
     _type: PhantomData<T>,
 }
 
-impl<T> Raw<T> {
-    pub(crate) fn new(ptr: u64, len: usize, stream: Arc<CudaStream>) -> Raw<T> {
+impl<'s, T> Raw<'s, T> {
+    pub(crate) fn new(ptr: u64, len: usize, stream: &'s Arc<CudaStream>) -> Raw<'s, T> {
         Raw {
             ptr,
             len,
@@ -245,22 +272,22 @@ impl<T> Raw<T> {
     }
 }
 
-impl<T> DeviceSlice<T> for Raw<T> {
+impl<T> DeviceSlice<T> for Raw<'_, T> {
     fn len(&self) -> usize {
         self.len
     }
     fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
+        self.stream
     }
 }
 
-impl<T> DevicePtr<T> for Raw<T> {
+impl<T> DevicePtr<T> for Raw<'_, T> {
     fn device_ptr<'a>(&'a self, _stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
         (self.ptr, SyncOnDrop::Record(None))
     }
 }
 
-impl<T> DevicePtrMut<T> for Raw<T> {
+impl<T> DevicePtrMut<T> for Raw<'_, T> {
     fn device_ptr_mut<'a>(&'a mut self, _stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
         (self.ptr, SyncOnDrop::Record(None))
     }

@@ -287,3 +287,211 @@ def test_bench_host_only_without_a_gpu(capsys):
     assert all(0.0 < us < 1000.0 for _, us in steps), steps
     assert bench.main(["--host-only", "--host-iters", "100"]) == 0
     assert len(capsys.readouterr().out.strip().splitlines()) == len(steps)
+
+
+# ---- the all-reduce's hot path (plain torch tensors as integers) -----------------------------
+
+
+def test_hot_path_codes():
+    names = _native.ALGORITHMS
+    assert names[0] == "auto" and len(set(names)) == len(names)
+    for code, name in enumerate(names):
+        assert _native.algorithm_code(name) == code
+    assert names[_native.algorithm_code("ll")] == "low_latency"
+    assert names[_native.algorithm_code("oneshot")] == "one_shot"
+    with pytest.raises(sar.InvalidCallError, match="unknown algorithm"):
+        _native.algorithm_code("fastest")
+    codes = {_native.dtype_code(n) for n in sar.GATHER_DTYPES}
+    assert codes == set(range(len(sar.GATHER_DTYPES)))
+    assert _native.dtype_code("torch.bfloat16") == _native.dtype_code("bf16")
+    with pytest.raises(sar.InvalidCallError, match="unsupported dtype"):
+        _native.dtype_code("float64")
+
+
+@pytest.mark.parametrize(
+    ("args", "cls", "text"),
+    [
+        ((1 << 40, 8, 1 << 41, 8, 99, 0), sar.InvalidCallError, "unknown dtype code 99"),
+        ((1 << 40, 8, 1 << 41, 8, 2, 99), sar.InvalidCallError, "unknown algorithm code 99"),
+        ((0, 8, 1 << 41, 8, 2, 0), sar.InvalidCallError, "input is a null address"),
+        ((1 << 40, 8, 0, 8, 2, 0), sar.InvalidCallError, "output is a null address"),
+        ((-1, 8, 1 << 41, 8, 2, 0), OverflowError, None),
+        ((1 << 40, 8, 1 << 41, 8, 256, 0), OverflowError, None),
+    ],
+)
+def test_hot_path_argument_refusals(args, cls, text):
+    with pytest.raises(cls, match=text):
+        _native.check_ptr_call(*args)
+
+
+def test_hot_path_arguments_accepted():
+    _native.check_ptr_call(1 << 40, 8, 1 << 41, 8, _native.dtype_code("bfloat16"), 0)
+    _native.check_ptr_call(0, 0, 0, 0, 0, 0)  # empty: the crate refuses it with its own error
+
+
+class _FakeDtype:
+    def __init__(self, name):
+        self.name = name
+
+    def __str__(self):
+        return f"torch.{self.name}"
+
+
+class _FakeTorchTensor:
+    """What the hot path reads of a torch tensor (the class stands for torch.Tensor)."""
+
+    def __init__(self, torch, ptr, numel, dtype, device=0, contiguous=True, cuda=True):
+        self._ptr, self._numel, self.dtype = ptr, numel, getattr(torch, dtype)
+        self.is_cuda, self._device, self._contiguous = cuda, device if cuda else -1, contiguous
+
+    def data_ptr(self):
+        return self._ptr
+
+    def numel(self):
+        return self._numel
+
+    def get_device(self):
+        return self._device
+
+    def is_contiguous(self):
+        return self._contiguous
+
+    @property
+    def device(self):
+        return _Device("cuda" if self.is_cuda else "cpu", self._device if self.is_cuda else None)
+
+
+class _RecordingNative:
+    """A native communicator that records the calls the Python layer makes."""
+
+    rank, world_size, device, has_peer_kernels, peer_kernels_unavailable = 0, 2, 0, True, None
+
+    def __init__(self):
+        self.calls = []
+
+    def config(self):
+        return {"capacity_bytes": 1 << 20}
+
+    def all_reduce_ptr(self, *args):
+        self.calls.append(("all_reduce_ptr", *args))
+
+    def all_reduce(self, *args):
+        self.calls.append(("all_reduce", *args))
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def fake_torch(monkeypatch):
+    """A stand-in `torch` module (tensor class, dtypes, empty_like, the raw-stream reader) and
+    the package's torch registries emptied for it (restored afterwards)."""
+    import sys
+    import types
+
+    from symm_allreduce import _comm, _tensor
+
+    torch = types.ModuleType("torch")
+    for name in ("float32", "float16", "bfloat16", "float64", "uint8"):
+        setattr(torch, name, _FakeDtype(name))
+    torch.Tensor = type("Tensor", (_FakeTorchTensor,), {})
+    torch.nn = types.SimpleNamespace(Parameter=type("Parameter", (torch.Tensor,), {}))
+    torch.contiguous_format = object()
+    torch.allocated = []
+
+    def empty_like(t, memory_format=None):
+        assert memory_format is torch.contiguous_format
+        out = torch.Tensor(torch, 0x7F00_0009_0000, t.numel(), t.dtype.name, t.get_device())
+        torch.allocated.append(out)
+        return out
+
+    torch.empty_like = empty_like
+    torch._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda device: 0x5000 + device)
+    torch.cuda = types.SimpleNamespace(init=lambda: None, current_device=lambda: 0)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setattr(_comm, "_TORCH", None)
+    monkeypatch.setattr(_comm, "_CURRENT_STREAM", None)
+    monkeypatch.setattr(_comm, "_ALGORITHM_CODES", dict(_comm._ALGORITHM_CODES))
+    saved = [(c, c.copy()) for c in (_tensor.PLAIN_TYPES, _tensor.SUM_CODES, _tensor.CODE_SIZES)]
+    saved += [(c, c.copy()) for c in (_tensor._TORCH_TYPES, _tensor._OTHER_TYPES, _tensor._DTYPE_NAMES)]
+    for c, _ in saved:
+        c.clear()
+    yield torch
+    for c, old in saved:
+        c.clear()
+        c.update(old)
+
+
+def test_hot_path_dispatch(fake_torch):
+    torch = fake_torch
+    native = _RecordingNative()
+    comm = sar.SymmAllReduce._wrap(native)
+    try:
+        bf16 = _native.dtype_code("bfloat16")
+
+        def tensor(ptr, numel=1024, dtype="bfloat16", **kw):
+            return torch.Tensor(torch, ptr, numel, dtype, **kw)
+
+        x, y = tensor(0x7F00_0000_0000), tensor(0x7F00_0001_0000)
+        # The first call describes the tensor (the checked path) and registers torch's types.
+        comm.all_reduce(x, y)
+        assert native.calls.pop()[0] == "all_reduce"
+        # From then on: integers, the stream of the rank's device, the algorithm's code.
+        comm.all_reduce(x, y)
+        assert native.calls.pop() == ("all_reduce_ptr", x._ptr, 1024, y._ptr, 1024, bf16, 0x5000, 0)
+        comm.all_reduce(x, x, algorithm="ll")
+        ll = _native.algorithm_code("low_latency")
+        assert native.calls.pop() == ("all_reduce_ptr", x._ptr, 1024, x._ptr, 1024, bf16, 0x5000, ll)
+        out = comm.all_reduce(x, algorithm="two_shot")
+        assert out is torch.allocated[-1]
+        two = _native.algorithm_code("two_shot")
+        assert native.calls.pop() == ("all_reduce_ptr", x._ptr, 1024, out._ptr, 1024, bf16, 0x5000, two)
+        p = torch.nn.Parameter(torch, 0x7F00_0002_0000, 1024, "bfloat16")
+        comm.all_reduce(p, y)
+        assert native.calls.pop()[0] == "all_reduce_ptr"
+        # An unknown algorithm is refused before anything is called.
+        with pytest.raises(sar.InvalidCallError, match="unknown algorithm"):
+            comm.all_reduce(x, y, algorithm="fastest")
+        assert native.calls == []
+        # Whatever the hot path does not take goes the checked way (which raises the error).
+        sub = type("Sub", (torch.Tensor,), {})(torch, 0x7F00_0003_0000, 1024, "bfloat16")
+        for inp, o in [
+            (tensor(0x7F00_0000_0000, contiguous=False), y),
+            (tensor(0x7F00_0000_0000, device=1), y),
+            (tensor(0x7F00_0000_0000, cuda=False), y),
+            (tensor(0x7F00_0000_0000, dtype="float64"), y),
+            (tensor(0x7F00_0000_0000, dtype="uint8"), y),
+            (x, tensor(0x7F00_0001_0000, dtype="float32")),
+            (x, tensor(0x7F00_0001_0000, contiguous=False)),
+            (x, tensor(0x7F00_0001_0000, device=1)),
+            (sub, y),
+            (x, sub),
+            (FakeTensor(dtype="torch.bfloat16"), y),
+        ]:
+            comm.all_reduce(inp, o)
+            call = native.calls.pop()
+            assert call[0] == "all_reduce", (inp, o)
+            assert call[1] == describe(inp) and call[2] == describe(o) and call[4] == "auto"
+        # custom_all_reduce / should_custom_ar: the same checks plus the size.
+        for t, taken in [
+            (x, True),
+            (tensor(0x7F00_0000_0000, numel=(1 << 20) // 2), True),
+            (tensor(0x7F00_0000_0000, numel=(1 << 20) // 2 + 1), False),
+            (tensor(0x7F00_0000_0000, numel=0), False),
+            (tensor(0x7F00_0000_0000, device=1), False),
+            (tensor(0x7F00_0000_0000, contiguous=False), False),
+            (tensor(0x7F00_0000_0000, cuda=False), False),
+            (tensor(0x7F00_0000_0000, dtype="uint8"), False),
+            (tensor(0x7F00_0000_0000, numel=1 << 18, dtype="float32"), True),
+        ]:
+            assert comm.should_custom_ar(t) is taken
+            out = comm.custom_all_reduce(t)
+            if taken:
+                assert out is torch.allocated[-1]
+                code, n = _native.dtype_code(t.dtype.name), t._numel
+                assert native.calls.pop() == ("all_reduce_ptr", t._ptr, n, out._ptr, n, code, 0x5000, 0)
+            else:
+                assert out is None
+            assert native.calls == []
+    finally:
+        comm.close()

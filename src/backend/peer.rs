@@ -11,7 +11,7 @@ use crate::driver::host::ErrorWord;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::abi::{
-    call_ident, check_shape, fused_check_len, gather_check_len, SymmArgs, BLOCK_STATE_BYTES,
+    call_ident, check_shape, fused_check_len, gather_check_len, ll_rotation, SymmArgs, BLOCK_STATE_BYTES,
     FLAG_CONSUMER_WAITS, FLAG_PDL_AT_EXIT, MAX_BLOCKS, THREADS_PER_BLOCK,
 };
 use crate::kernels::coll::{self, GatherCounts};
@@ -69,7 +69,7 @@ pub(crate) struct PeerBackend {
     multicast: std::result::Result<MulticastMapping, String>,
     workspace: Arc<Workspace>,
     error: ErrorWord,
-    kernels: Kernels,
+    kernels: Arc<Kernels>,
     args: SymmArgs,
     /// The launch attributes configured and supported by the device: Programmatic Dependent
     /// Launch (`Config::pdl`) and the remote memory-synchronisation domain
@@ -83,7 +83,7 @@ impl PeerBackend {
     pub(crate) fn new(
         workspace: Workspace,
         error: ErrorWord,
-        kernels: Kernels,
+        kernels: Arc<Kernels>,
         rank: usize,
         world: usize,
         config: &Config,
@@ -108,6 +108,7 @@ impl PeerBackend {
             mc_base: 0,
             ident: 0,
             flags: if config.pdl_at_exit { FLAG_PDL_AT_EXIT } else { 0 },
+            ll_rot: 0,
         };
         let attrs = LaunchAttrs {
             pdl: config.pdl && kernels.supports_pdl(),
@@ -369,6 +370,10 @@ impl PeerBackend {
                 dtype,
                 if kernel == Some(Kernel::AllGather) { 0 } else { len },
             ),
+            ll_rot: match kernel {
+                Some(k) if k.is_low_latency() => ll_rotation(k, dtype, len, self.args.ll_slot_bytes),
+                _ => 0,
+            },
             ..self.args
         }
     }

@@ -141,6 +141,9 @@ pub(crate) struct SymmArgs {
     pub(crate) ident: u32,
     /// `FLAG_*` bits.
     pub(crate) flags: u32,
+    /// The low-latency kernels' rotation of this call's lines in their slots, in bytes
+    /// ([`ll_rotation`]); 0 for the other kernels, which do not read it.
+    pub(crate) ll_rot: u64,
 }
 
 /// `SymmArgs::flags`: the kernel lets the next one launch (PDL) only at its exit.
@@ -176,6 +179,69 @@ pub(crate) fn call_ident(
     kernel << 11 | (dtype.index() as u32) << 9 | (len % IDENT_LEN_MOD) as u32
 }
 
+/// Where a low-latency call's lines lie in their slots: byte `o` of a slot is stored at
+/// `(o + rotation) mod slot_bytes` (`slot_bytes` a power of two; the rotation a multiple of 16
+/// bytes, whole lines). The low-latency kernels carry no identity in their words (every bit is
+/// payload); the rotation stands in for it at no cost in traffic. In lines, it is
+///
+/// `units + dtype term + kernel term  (mod slot lines)`
+///
+/// with `units` the length the call's lines grow with (elements; bytes for the all-gather;
+/// for the fused call, see below), a dtype term of 0, 1/8 and 1/4 of the
+/// ring for bf16, f16 and f32 (growing with the element size), and a kernel term.
+///
+/// Why it separates calls: a reader polls its window of lines and completes only if every
+/// line of it is written by its peer in the same call. A window of more lines than the
+/// peer's is never covered; a window of the same or fewer lines is covered only if it lies
+/// inside the peer's, which the rotation prevents when the two differ by less than the ring
+/// minus the difference of the windows. For one kernel and dtype, lengths that differ by `d`
+/// elements shift the windows by `d` lines while their sizes differ by at most `d` lines
+/// (16-byte lines, elements of at most 4 bytes: `d / 4` rounded up), so the smaller window
+/// begins `d` lines before the larger one and is never inside it while `d` is below half the
+/// ring. The same length in two dtypes of one size shifts them by 1/8 of the ring; a wider
+/// dtype's larger window lies 1/8 or 1/4 of the ring after the narrower one's, so the narrower
+/// begins before it. Both ranks then wait for a line that never comes and time out together.
+///
+/// The fused call (`len` = `tokens << 32 | hidden`) runs the other way, in rows: its rotation is
+/// `hidden − tokens · (row lines + 1) − dtype term + kernel term`. A batch larger by `d` tokens
+/// starts `d · (row lines + 1)` lines earlier and is `d · row lines` longer, so the smaller
+/// batch's window ends past the larger one's (no wrap: a window is at most half the ring); the
+/// same shape in a wider dtype starts 1/8 or 1/4 of the ring earlier still. Shapes of another
+/// hidden size are not separated by construction (no rank of a model runs another hidden size);
+/// the divergence check covers them.
+pub(crate) fn ll_rotation(
+    kernel: crate::kernels::registry::Kernel,
+    dtype: crate::dtype::DType,
+    len: u64,
+    slot_bytes: u64,
+) -> u64 {
+    use crate::dtype::DType;
+    use crate::kernels::registry::Kernel;
+    debug_assert!(slot_bytes.is_power_of_two() && slot_bytes >= 16);
+    let ring = slot_bytes / 16;
+    let dtype_term = match dtype {
+        DType::BF16 => 0,
+        DType::F16 => ring / 8,
+        DType::F32 => ring / 4,
+    };
+    let base = match kernel {
+        // A token more moves the window back by more than its growth: the smaller batch's
+        // window starts after the larger one's and ends past it. A wider dtype's larger
+        // window starts 1/8 or 1/4 of the ring further back.
+        Kernel::FusedLowLatency => {
+            let (tokens, hidden) = (len >> 32, len & 0xffff_ffff);
+            let row_lines = (hidden * dtype.size() as u64).div_ceil(16);
+            hidden
+                .wrapping_sub(tokens.wrapping_mul(row_lines + 1))
+                .wrapping_sub(dtype_term)
+        }
+        _ => len.wrapping_add(dtype_term),
+    };
+    let kernel_term = (kernel.index() as u64).wrapping_mul(ring / 32 + 1);
+    let lines = base.wrapping_add(kernel_term) & (ring - 1);
+    lines * 16
+}
+
 /// Human form of a call identity (a peer's call, of which only the identity is known).
 pub(crate) fn describe_ident(ident: u32, len: Option<u64>) -> String {
     use crate::dtype::DType;
@@ -197,8 +263,9 @@ pub(crate) fn describe_ident(ident: u32, len: Option<u64>) -> String {
     }
 }
 
-// The device struct: ten u64, two u32, four u64, two u32, no padding: 128 bytes, 8-aligned.
-const _: () = assert!(std::mem::size_of::<SymmArgs>() == 128);
+// The device struct: ten u64, two u32, four u64, two u32, one u64, no padding: 136 bytes,
+// 8-aligned.
+const _: () = assert!(std::mem::size_of::<SymmArgs>() == 136);
 const _: () = assert!(std::mem::align_of::<SymmArgs>() == 8);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, ll_offset) == 48);
 const _: () = assert!(std::mem::offset_of!(SymmArgs, error) == 64);
@@ -273,6 +340,123 @@ pub(crate) fn decode_error(code: u32, record: DivergenceRecord, timeout: Duratio
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dtype::DType;
+
+    /// The 16-byte lines a low-latency all-reduce of `n` elements of `dtype` polls and writes,
+    /// as (first line after rotation, count) in a ring of `ring` lines.
+    fn window(kernel: crate::kernels::registry::Kernel, dtype: DType, n: u64, ring: u64) -> (u64, u64) {
+        let lines = (n * dtype.size() as u64).div_ceil(16);
+        (ll_rotation(kernel, dtype, n, ring * 16) / 16, lines)
+    }
+
+    /// Whether every line of `inner` is a line of `outer` (windows on a ring of `ring` lines).
+    fn inside(inner: (u64, u64), outer: (u64, u64), ring: u64) -> bool {
+        let start = (inner.0 + ring - outer.0) % ring;
+        start + inner.1 <= outer.1
+    }
+
+    #[test]
+    fn low_latency_calls_that_differ_poll_a_line_the_peer_never_writes() {
+        use crate::kernels::registry::Kernel;
+        let mut g = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |below: u64| {
+            g ^= g << 13;
+            g ^= g >> 7;
+            g ^= g << 17;
+            g % below
+        };
+        for ring in [1024u64, 4096, 1 << 16] {
+            // The largest message fills half the ring.
+            for kernel in [Kernel::LowLatency, Kernel::ReduceScatterLowLatency] {
+                for a in DType::ALL {
+                    let max = ring / 2 * 16 / a.size() as u64;
+                    let mut pairs: Vec<(u64, u64)> = (1..300).map(|n| (n, n + 1)).collect();
+                    pairs.extend((0..3000).map(|_| {
+                        let n = 1 + next(max - 1);
+                        let d = 1 + next(ring / 2 - 1);
+                        (n, (n + d).min(max))
+                    }));
+                    for (n, m) in pairs.into_iter().filter(|(n, m)| n != m) {
+                        let (small, large) = (window(kernel, a, n, ring), window(kernel, a, m, ring));
+                        assert!(
+                            !inside(small, large, ring) && !inside(large, small, ring),
+                            "{kernel:?} {a:?}: {n} and {m} elements share lines on a ring of {ring}"
+                        );
+                    }
+                    // The same length in another dtype.
+                    for b in DType::ALL.into_iter().filter(|&b| b != a) {
+                        for _ in 0..500 {
+                            let n = 1 + next(max.min(ring / 2 * 16 / b.size() as u64) - 1);
+                            let (x, y) = (window(kernel, a, n, ring), window(kernel, b, n, ring));
+                            assert!(
+                                !inside(x, y, ring) && !inside(y, x, ring),
+                                "{kernel:?}: {n} elements of {a:?} and of {b:?} share lines on a ring of {ring}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_rotation_is_whole_lines_inside_the_slot() {
+        use crate::kernels::registry::Kernel;
+        for kernel in [
+            Kernel::LowLatency,
+            Kernel::AllGatherLowLatency,
+            Kernel::ReduceScatterLowLatency,
+            Kernel::FusedLowLatency,
+        ] {
+            for dtype in DType::ALL {
+                for len in [0u64, 1, 7, 4096, u64::MAX, 3 << 32 | 4096] {
+                    let r = ll_rotation(kernel, dtype, len, 16 << 10);
+                    assert!(r % 16 == 0 && r < 16 << 10, "{kernel:?} {dtype:?} {len}: {r}");
+                }
+            }
+        }
+    }
+
+    /// The fused call at model shapes: every pair of batches of one hidden size, and one
+    /// shape in two dtypes, polls a line the peer never writes.
+    #[test]
+    fn fused_calls_of_other_batches_or_dtypes_poll_a_line_the_peer_never_writes() {
+        use crate::kernels::registry::Kernel;
+        let hiddens = [
+            512u64, 1024, 2048, 2560, 3072, 4096, 5120, 6144, 7168, 8192, 12288, 16384,
+        ];
+        for ring in [1024u64, 4096, 1 << 16] {
+            let window = |dtype: DType, t: u64, h: u64| {
+                let rot = ll_rotation(Kernel::FusedLowLatency, dtype, t << 32 | h, ring * 16) / 16;
+                (rot, (t * h * dtype.size() as u64).div_ceil(16))
+            };
+            // A batch fits when its rows fill at most half the ring.
+            let fits = |dtype: DType, t: u64, h: u64| t * h * dtype.size() as u64 <= ring / 2 * 16;
+            for h in hiddens {
+                for dtype in DType::ALL {
+                    let batches: Vec<u64> = (1..).take_while(|&t| fits(dtype, t, h)).collect();
+                    for (i, &a) in batches.iter().enumerate() {
+                        for &b in &batches[i + 1..] {
+                            let (x, y) = (window(dtype, a, h), window(dtype, b, h));
+                            assert!(
+                                !inside(x, y, ring) && !inside(y, x, ring),
+                                "{dtype:?}, hidden {h}: {a} and {b} tokens share lines on a ring of {ring}"
+                            );
+                        }
+                    }
+                    for other in DType::ALL.into_iter().filter(|&o| o != dtype) {
+                        for t in batches.iter().copied().filter(|&t| fits(other, t, h)) {
+                            let (x, y) = (window(dtype, t, h), window(other, t, h));
+                            assert!(
+                                !inside(x, y, ring) && !inside(y, x, ring),
+                                "hidden {h}, {t} tokens: {dtype:?} and {other:?} share lines on a ring of {ring}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn error_codes_decode_to_peer_timeouts() {
@@ -499,7 +683,7 @@ mod tests {
             "abi.cuh asserts the call state's size"
         );
         assert!(
-            header.contains("sizeof(SymmArgs) == 128"),
+            header.contains("sizeof(SymmArgs) == 136"),
             "abi.cuh asserts the size"
         );
     }

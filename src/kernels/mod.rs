@@ -8,7 +8,7 @@ pub(crate) mod launch;
 pub(crate) mod norm_abi;
 pub(crate) mod registry;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{sys, CudaContext, CudaFunction};
 use cudarc::nvrtc::Ptx;
@@ -48,7 +48,8 @@ pub fn ptxas_report() -> &'static str {
 }
 
 /// Every kernel of the registry × every dtype, loaded into one context (`None` where the
-/// device is older than the kernel's minimum architecture).
+/// device is older than the kernel's minimum architecture). Loaded once per context and
+/// shared by every communicator on it ([`Kernels::load`]).
 #[derive(Debug)]
 pub(crate) struct Kernels {
     table: [[Option<CudaFunction>; DType::COUNT]; KERNELS.len()],
@@ -61,11 +62,34 @@ pub(crate) struct Kernels {
     ordinal: usize,
 }
 
+/// The kernel tables loaded so far, one per CUDA context (keyed by its handle). Each entry's
+/// functions hold their module and so the context: the context stays alive, and its handle
+/// cannot name another context, for as long as the process runs.
+static LOADED: Mutex<Vec<(usize, Arc<Kernels>)>> = Mutex::new(Vec::new());
+
 impl Kernels {
-    pub(crate) fn load(ctx: &Arc<CudaContext>) -> Result<Self> {
+    /// The kernels of `ctx`: loaded on the first call for a context, the same table after.
+    /// Unloading the module does not give back all of the device memory the driver took for
+    /// it (about 1.6 MiB per load and unload of this fatbin on an H100), so a server that
+    /// creates and drops communicators would lose memory with each one if every communicator
+    /// loaded its own; the module stays loaded, once per context, until the process exits.
+    pub(crate) fn load(ctx: &Arc<CudaContext>) -> Result<Arc<Self>> {
         if !kernels_available() {
             return Err(Error::KernelsUnavailable);
         }
+        let key = ctx.cu_ctx() as usize;
+        // A poisoned lock only means another thread panicked while loading: the list itself
+        // is always whole (entries are pushed complete).
+        let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, kernels)) = loaded.iter().find(|(k, _)| *k == key) {
+            return Ok(kernels.clone());
+        }
+        let kernels = Arc::new(Self::load_module(ctx)?);
+        loaded.push((key, kernels.clone()));
+        Ok(kernels)
+    }
+
+    fn load_module(ctx: &Arc<CudaContext>) -> Result<Self> {
         let module = ctx
             .load_module(Ptx::from_binary(FATBIN.to_vec()))
             .map_err(|e| match e.0 {

@@ -179,6 +179,19 @@ pub(crate) const PRODUCE_KERNEL: &str = "symm_produce";
 pub(crate) const CONSUME_KERNEL: &str = "symm_consume";
 
 impl Kernel {
+    /// Whether it is one of the low-latency kernels (no barrier: its lines carry the
+    /// synchronisation, in the low-latency slots).
+    pub(crate) const fn is_low_latency(self) -> bool {
+        matches!(
+            self,
+            Kernel::LowLatency
+                | Kernel::LowLatencyMultimem
+                | Kernel::AllGatherLowLatency
+                | Kernel::ReduceScatterLowLatency
+                | Kernel::FusedLowLatency
+        )
+    }
+
     /// Its row in [`KERNELS`].
     pub(crate) const fn index(self) -> usize {
         match self {

@@ -148,7 +148,7 @@ struct State<'a> {
     /// Ranks sharing this rank's device (their blocks must be resident together).
     sharing: usize,
     topology: Topology,
-    kernels: Option<Kernels>,
+    kernels: Option<Arc<Kernels>>,
     limits: Limits,
     granularity: usize,
     own: Option<(Allocation, OwnedFd)>,

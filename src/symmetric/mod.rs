@@ -13,7 +13,7 @@
 //! 128 KiB  data buffer, parity 0 (data_bytes): the kernels' copy of the caller's input
 //! ...      data buffer, parity 1 (data_bytes)
 //! ...      symmetric buffer (data_bytes): the caller's data for the zero-copy in-place call
-//! ...      low-latency slots: [buffer 3][source rank W] × ll_slot_bytes of 16-byte lines
+//! ...      low-latency slots: [buffer 3][source rank W] × ll_slot_bytes, rings of 16-byte lines
 //! ...      symmetric pool (pool_bytes, 4 KiB aligned): alloc_symmetric's buffers (pool.rs)
 //! end-256  pool tags: [parity 2] u64, the last POOL_TAG_BYTES of the allocation
 //! ```
@@ -45,14 +45,24 @@ const _: () = assert!(STATE_OFFSET + MAX_BLOCKS * BLOCK_STATE_BYTES <= CHECK_OFF
 const _: () = assert!(CHECK_OFFSET + CHECK_BYTES <= DATA_OFFSET);
 const _: () = assert!(MAX_RANKS <= SLOTS_PER_ROW);
 
+/// Smallest low-latency slot: 1024 lines, so that two low-latency calls whose lengths differ
+/// by fewer than 512 elements never share their lines (`kernels::abi::ll_rotation`).
+pub(crate) const LL_MIN_SLOT_BYTES: usize = 16 << 10;
+
 /// Sizes derived from the configured capacity and the device granularity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
     /// Bytes of one data buffer and of the symmetric buffer (capacity rounded up to 4 KiB).
     pub data_bytes: usize,
-    /// Bytes of one low-latency slot: [`crate::Config::low_latency_limit`] (the larger of
-    /// `low_latency_max_bytes` and the tuning table's largest low-latency threshold, at most
-    /// the capacity) rounded up to whole 16-byte lines (each line carries 16 payload bytes).
+    /// Largest message, in bytes, a low-latency slot holds: [`crate::Config::low_latency_limit`]
+    /// (the larger of `low_latency_max_bytes` and the tuning table's largest low-latency
+    /// threshold, at most the capacity) rounded up to whole 16-byte lines (each line carries
+    /// 16 payload bytes).
+    pub ll_capacity_bytes: usize,
+    /// Bytes of one low-latency slot: a power of two, at least twice `ll_capacity_bytes` and
+    /// at least 16 KiB. A call's lines lie in it rotated by an amount that grows with the
+    /// call's length (see `docs/design.md`, "Calls that cannot disagree"): a ring at least
+    /// twice the largest message.
     pub ll_slot_bytes: usize,
     /// Offset of the symmetric pool inside each rank's allocation (4 KiB aligned).
     pub pool_offset: usize,
@@ -73,13 +83,15 @@ impl Layout {
         granularity: usize,
     ) -> Self {
         let data_bytes = capacity.next_multiple_of(4096);
-        let ll_slot_bytes = low_latency_max.min(capacity).next_multiple_of(16).max(16);
+        let ll_capacity_bytes = low_latency_max.min(capacity).next_multiple_of(16).max(16);
+        let ll_slot_bytes = (2 * ll_capacity_bytes).next_power_of_two().max(LL_MIN_SLOT_BYTES);
         let end = DATA_OFFSET + 3 * data_bytes + LL_BUFFERS * world * ll_slot_bytes;
         // The pool after everything else; its tags in the allocation's last bytes.
         let pool_offset = end.next_multiple_of(4096);
         let pool_bytes = pool_bytes.next_multiple_of(256);
         Layout {
             data_bytes,
+            ll_capacity_bytes,
             ll_slot_bytes,
             pool_offset,
             pool_bytes,
@@ -106,7 +118,7 @@ impl Layout {
 
     /// Largest message, in bytes, the low-latency slots hold.
     pub fn ll_capacity(&self) -> usize {
-        self.ll_slot_bytes
+        self.ll_capacity_bytes
     }
 
     /// Offset of the symmetric buffer inside each rank's allocation.
@@ -125,12 +137,15 @@ mod tests {
         assert_eq!(l.data_bytes, 4096);
         assert_eq!(l.alloc_bytes, 2 << 20);
         assert_eq!(l.ll_capacity(), 16); // one line
+        assert_eq!(l.ll_slot_bytes, LL_MIN_SLOT_BYTES);
         let l = Layout::new(64 << 20, 32 << 10, 8, 0, 2 << 20);
         assert_eq!(l.data_bytes, 64 << 20);
-        assert_eq!(l.ll_slot_bytes, 32 << 10);
+        assert_eq!(l.ll_slot_bytes, 64 << 10);
         assert_eq!(l.ll_capacity(), 32 << 10);
         assert_eq!(l.alloc_bytes, 194 << 20);
-        assert_eq!(l.ll_bytes(8), 3 * 8 * (32 << 10));
+        assert_eq!(l.ll_bytes(8), 3 * 8 * (64 << 10));
+        let l = Layout::new(64 << 20, (32 << 10) + 1, 8, 0, 2 << 20);
+        assert_eq!((l.ll_capacity(), l.ll_slot_bytes), ((32 << 10) + 16, 128 << 10));
         assert!(l.ll_offset() + l.ll_bytes(8) <= l.alloc_bytes);
         assert_eq!(
             l.symmetric_offset() + l.data_bytes,
@@ -138,7 +153,7 @@ mod tests {
         );
         assert!(l.symmetric_offset() + l.data_bytes <= l.alloc_bytes);
         let l = Layout::new(5000, 0, 3, 0, 4096);
-        assert_eq!(l.ll_slot_bytes, 16);
+        assert_eq!((l.ll_capacity(), l.ll_slot_bytes), (16, LL_MIN_SLOT_BYTES));
         assert_eq!(l.data_bytes, 8192);
         assert_eq!(l.alloc_bytes % 4096, 0);
         assert!(l.symmetric_offset() + l.data_bytes <= l.alloc_bytes);

@@ -65,6 +65,23 @@ pub enum Error {
         /// What is wrong and what to do.
         reason: String,
     },
+    /// Two ranks of one in-process group on the same GPU without a stream each.
+    #[error(
+        "local_group: ranks {first} and {second} are both on GPU {ordinal} and {how}; ranks that \
+         share a GPU need a stream each (a collective waits for the other ranks' collectives, which \
+         would be queued behind it on a shared stream): create each rank's device with \
+         Device::new_cuda_with_stream({ordinal})"
+    )]
+    SharedStream {
+        /// The lower rank.
+        first: usize,
+        /// The higher rank.
+        second: usize,
+        /// Their GPU.
+        ordinal: usize,
+        /// How their streams collide.
+        how: String,
+    },
     /// The collective itself failed (see [`symm_allreduce::Error`]).
     #[error(transparent)]
     Collective(#[from] symm_allreduce::Error),
@@ -124,6 +141,48 @@ pub(crate) fn on_cuda(op: &'static str, t: &Tensor) -> Result<(), Error> {
         candle_core::Device::Cpu => Err(Error::NotCuda { op, device: "cpu" }),
         candle_core::Device::Metal(_) => Err(Error::NotCuda { op, device: "metal" }),
     }
+}
+
+/// Whether a stream handle is one of the driver's implicit streams: the NULL stream (0), the
+/// legacy default stream (1) or the per-thread default stream (2, what `Device::new_cuda`
+/// uses). Such a handle names another stream on each host thread.
+pub(crate) fn is_implicit_stream(handle: usize) -> bool {
+    handle <= 2
+}
+
+/// Refuses an in-process group in which two ranks on one GPU would not have a stream each:
+/// the same stream (one device given twice, or a clone of it), or an implicit stream on
+/// either (whose work goes to whichever thread's stream uses it, with no ordering between
+/// them). `ranks[r]` is rank r's (GPU ordinal, stream handle). Ranks alone on their GPU may
+/// use any stream.
+pub(crate) fn stream_per_rank(ranks: &[(usize, usize)]) -> Result<(), Error> {
+    for (first, &(ordinal, a)) in ranks.iter().enumerate() {
+        for (second, &(other, b)) in ranks.iter().enumerate().skip(first + 1) {
+            if ordinal != other {
+                continue;
+            }
+            let implicit = [(first, a), (second, b)]
+                .into_iter()
+                .find_map(|(r, h)| is_implicit_stream(h).then_some(r));
+            let how = if let Some(r) = implicit {
+                format!(
+                    "rank {r} uses an implicit stream (the per-thread or legacy default stream of \
+                     Device::new_cuda), which is a different stream on every thread that touches it"
+                )
+            } else if a == b {
+                format!("share one stream ({a:#x}: the same device, or a clone of it)")
+            } else {
+                continue;
+            };
+            return Err(Error::SharedStream {
+                first,
+                second,
+                ordinal,
+                how,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The output dimensions of an all-gather along dimension 0 over `world` ranks.
@@ -286,6 +345,47 @@ mod tests {
         // And into candle's error type, with the message kept.
         let c: candle_core::Error = e.into();
         assert!(c.to_string().contains("cpu device"), "{c}");
+    }
+
+    #[test]
+    fn ranks_sharing_a_gpu_need_a_stream_each() {
+        // One rank per GPU: any stream, the per-thread default stream too.
+        stream_per_rank(&[(0, 2), (1, 2)]).unwrap();
+        stream_per_rank(&[(0, 0x5000), (1, 0x5000)]).unwrap();
+        // Virtual ranks, a stream each (Device::new_cuda_with_stream).
+        stream_per_rank(&[(0, 0x5000), (0, 0x6000), (1, 2)]).unwrap();
+        // One device given twice.
+        let e = stream_per_rank(&[(0, 0x5000), (1, 0x7000), (0, 0x5000)]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::SharedStream {
+                    first: 0,
+                    second: 2,
+                    ordinal: 0,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let text = e.to_string();
+        assert!(
+            text.contains("share one stream") && text.contains("Device::new_cuda_with_stream(0)"),
+            "{text}"
+        );
+        // Device::new_cuda on a GPU another rank shares: the per-thread default stream.
+        for implicit in [0, 1, 2] {
+            let e = stream_per_rank(&[(3, 0x5000), (3, implicit)]).unwrap_err();
+            let text = e.to_string();
+            assert!(
+                text.contains("rank 1 uses an implicit stream") && text.contains("GPU 3"),
+                "{text}"
+            );
+            // Two Device::new_cuda on one GPU: the same handle, named as the implicit stream.
+            let e = stream_per_rank(&[(3, implicit), (3, implicit)]).unwrap_err();
+            let text = e.to_string();
+            assert!(text.contains("rank 0 uses an implicit stream"), "{text}");
+        }
     }
 
     #[test]

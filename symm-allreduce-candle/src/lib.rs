@@ -25,12 +25,38 @@
 //!             let x = Tensor::ones((8, 4096), DType::BF16, dev)?;
 //!             let sum = x.apply_op1_no_bwd(&AllReduce::new(comm))?; // every element = 2
 //!             comm.all_reduce_(&x)?; // in place
+//!             // Wait for this rank's collectives before reading anything on the host.
+//!             comm.synchronize(dev)?;
+//!             assert_eq!(sum.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?[0], 2.0);
 //!             Ok(())
 //!         });
 //!     }
 //! });
 //! # Ok(()) }
 //! ```
+//!
+//! # Several ranks in one process
+//!
+//! With [`SymmComm::local_group`] (virtual ranks on one GPU, or one thread per GPU), every
+//! rank's thread shares the process's CUDA driver with the other ranks' threads. Two rules
+//! keep a rank's thread from blocking the others before they have enqueued their part of a
+//! collective (which would hang the group until `Config::timeout`, and leave the outputs
+//! unwritten):
+//!
+//! - **Read results on the host only after [`SymmComm::synchronize`].** candle's `to_vec*`,
+//!   `to_scalar` and `to_device(&Device::Cpu)` copy into pageable host memory: the driver
+//!   holds the calling thread inside that copy until the stream has reached it, that is until
+//!   the collective before it has finished, which needs every peer's collective; meanwhile the
+//!   peers' own pageable copies (candle's `Tensor::new`, `from_vec`, `from_slice`) can wait
+//!   behind it in the driver, so a peer that still has to upload its input never enqueues its
+//!   collective. `synchronize` waits for the stream without holding anything (and reports a
+//!   peer timeout as an error, where `to_vec*` would return the unwritten output).
+//! - **Ranks sharing a GPU need a stream each**: `Device::new_cuda_with_stream` for every rank
+//!   (`local_group` refuses two ranks on one stream, and the implicit streams of
+//!   `Device::new_cuda`); and on a shared GPU see [`prepare_shared_gpu`].
+//!
+//! With one process per GPU (`llama_multiprocess`, mistral.rs) the ranks share no driver
+//! state, and `synchronize` is only the way to see a peer timeout.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -115,16 +141,38 @@ impl SymmComm {
         SymmComm { comm: Arc::new(comm) }
     }
 
-    /// One communicator per device, all in this process (`Communicator::local_group`): one
-    /// rank per GPU, or several ranks on one GPU (virtual ranks: give each its own stream
-    /// with `Device::new_cuda_with_stream`).
+    /// One communicator per device, all in this process (`Communicator::local_group`, each
+    /// rank on its device's context): one rank per GPU, or several ranks on one GPU (virtual
+    /// ranks: give each its own stream with `Device::new_cuda_with_stream`; two ranks on one
+    /// GPU that share a stream, or use `Device::new_cuda`'s implicit per-thread stream, are
+    /// refused with [`Error::SharedStream`]). Read the crate's "Several ranks in one process".
     pub fn local_group(devices: &[Device], config: Config) -> candle_core::Result<Vec<SymmComm>> {
-        let contexts = devices
+        let streams = devices
             .iter()
-            .map(|d| Ok(d.as_cuda_device()?.cuda_stream().context().clone()))
+            .map(|d| Ok(d.as_cuda_device()?.cuda_stream()))
             .collect::<candle_core::Result<Vec<_>>>()?;
+        let placement: Vec<(usize, usize)> = streams
+            .iter()
+            .map(|s| (s.context().ordinal(), s.cu_stream() as usize))
+            .collect();
+        check::stream_per_rank(&placement)?;
+        let contexts: Vec<_> = streams.iter().map(|s| s.context().clone()).collect();
         let comms = Communicator::local_group(&contexts, config).map_err(Error::from)?;
         Ok(comms.into_iter().map(SymmComm::new).collect())
+    }
+
+    /// Waits until everything enqueued so far on `device`'s stream (this rank's collectives
+    /// among it) has completed, and reports what made a collective fail: a peer that did not
+    /// make the same call in time (`symm_allreduce::Error::PeerTimeout`; the outputs of that
+    /// call are not written), or an earlier failure of this communicator
+    /// (`Communicator::synchronize`). Call it before reading a tensor back to the host
+    /// (`to_vec*`, `to_scalar`, `to_device(&Device::Cpu)`) whenever other ranks of the group run
+    /// in this process: see the crate's "Several ranks in one process". A device that is not
+    /// CUDA is candle's error.
+    pub fn synchronize(&self, device: &Device) -> candle_core::Result<()> {
+        let stream = device.as_cuda_device()?.cuda_stream();
+        self.comm.synchronize(&stream).map_err(Error::from)?;
+        Ok(())
     }
 
     /// This rank's index.

@@ -4,8 +4,20 @@
 //! tensor reaches. Inputs are small integers, so every sum is exact in every dtype and the
 //! results are compared bit for bit with sums computed here on the host.
 //!
+//! Every result is read on the host after `SymmComm::synchronize` (the adapter's rule for
+//! several ranks in one process: see the crate docs), which also reports a peer timeout as
+//! the error it is instead of an output that was never written.
+//!
 //! Under libtest-mimic: without a GPU each test is reported as ignored with the reason;
 //! under REQUIRE_GPU=1 that is a failure.
+//!
+//! Diagnostics (environment):
+//! - `SYMM_CANDLE_DIAG=1`: every rank prints its candle device, its `CudaContext` (the `Arc`
+//!   and the driver context), its stream handle and cudarc's event-tracking state when a
+//!   group is made, and how long each readback waited for the stream.
+//! - `SYMM_CANDLE_READBACK=unsynced`: read results straight away (`to_vec1` right after the
+//!   collective, as this suite did before), to reproduce the failure that readback causes
+//!   with virtual ranks; a failing rank then also reports what `synchronize` says afterwards.
 
 use std::process::ExitCode;
 
@@ -32,6 +44,65 @@ type Res = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 /// A named GPU test.
 type Named = (&'static str, fn() -> Res);
 
+fn env_is(name: &str, value: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v == value)
+}
+
+/// `SYMM_CANDLE_DIAG=1`: print what each rank runs on, and the readbacks' waits.
+fn diag() -> bool {
+    env_is("SYMM_CANDLE_DIAG", "1")
+}
+
+/// `SYMM_CANDLE_READBACK=unsynced`: read without `synchronize` first (the old readback).
+fn unsynced() -> bool {
+    env_is("SYMM_CANDLE_READBACK", "unsynced")
+}
+
+/// One line on what rank `r` runs on: the candle device, its cudarc context (the `Arc`, the
+/// driver context it wraps: every device of one GPU has its own `Arc` of the one primary
+/// context), its stream and cudarc's event tracking.
+fn describe_rank(r: usize, dev: &Device) -> Result<String, candle_core::Error> {
+    let cuda = dev.as_cuda_device()?;
+    let stream = cuda.cuda_stream();
+    let ctx = stream.context();
+    Ok(format!(
+        "rank {r}: candle {:?}, GPU {}, CudaContext Arc {:p}, CUcontext {:p}, stream {:p}, \
+         event tracking {}, multi-stream {}",
+        cuda.id(),
+        ctx.ordinal(),
+        std::sync::Arc::as_ptr(ctx),
+        ctx.cu_ctx(),
+        stream.cu_stream(),
+        ctx.is_event_tracking(),
+        ctx.is_in_multi_stream_mode(),
+    ))
+}
+
+/// `t` on the host as f32, once this rank's collectives have completed: `synchronize` waits
+/// for the stream (a peer timeout is its error), then candle copies the tensor out.
+fn read(
+    comm: &SymmComm,
+    dev: &Device,
+    t: &Tensor,
+) -> Result<Vec<f32>, Box<dyn std::error::Error + Send + Sync>> {
+    let start = std::time::Instant::now();
+    if !unsynced() {
+        comm.synchronize(dev)?;
+    }
+    let waited = start.elapsed();
+    let host = to_f32(t)?;
+    if diag() {
+        eprintln!(
+            "rank {}: readback waited {:.3} ms for the stream, copied in {:.3} ms{}",
+            comm.rank(),
+            waited.as_secs_f64() * 1e3,
+            (start.elapsed() - waited).as_secs_f64() * 1e3,
+            if unsynced() { " (unsynced)" } else { "" }
+        );
+    }
+    Ok(host)
+}
+
 /// Runs `body(rank, comm, device)` on `world` rank threads of one local group.
 fn on_ranks(world: usize, body: impl Fn(usize, &SymmComm, &Device) -> Res + Sync) -> Res {
     let devices = (0..world)
@@ -44,6 +115,11 @@ fn on_ranks(world: usize, body: impl Fn(usize, &SymmComm, &Device) -> Res + Sync
         warm_up(dev)?;
     }
     let comms = SymmComm::local_group(&devices, Config::default())?;
+    if diag() {
+        for (r, dev) in devices.iter().enumerate() {
+            eprintln!("W={world} {}", describe_rank(r, dev)?);
+        }
+    }
     std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .iter()
@@ -51,7 +127,21 @@ fn on_ranks(world: usize, body: impl Fn(usize, &SymmComm, &Device) -> Res + Sync
             .enumerate()
             .map(|(r, (c, d))| {
                 let body = &body;
-                s.spawn(move || body(r, c, d))
+                s.spawn(move || -> Res {
+                    let result = body(r, c, d);
+                    match result {
+                        // Whatever the body made sure of, every collective it enqueued is
+                        // complete and succeeded.
+                        Ok(()) => c.synchronize(d).map_err(|e| format!("rank {r}: {e}").into()),
+                        Err(e) => {
+                            let after = match c.synchronize(d) {
+                                Ok(()) => "synchronize afterwards: ok".to_string(),
+                                Err(s) => format!("synchronize afterwards: {s}"),
+                            };
+                            Err(format!("rank {r}: {e} ({after})").into())
+                        }
+                    }
+                })
             })
             .collect();
         handles
@@ -142,7 +232,7 @@ fn all_reduce_op_every_dtype_from_an_offset() -> Res {
                 assert_eq!(y.dtype(), dtype);
                 expect_eq(
                     &format!("W={world} {dtype:?} AllReduce"),
-                    &to_f32(&y)?,
+                    &read(comm, dev, &y)?,
                     &sum(world, rows, cols),
                 )?;
                 // The input is left as it was.
@@ -163,7 +253,7 @@ fn in_place_sums_only_the_view() -> Res {
                 comm.all_reduce_(&x)?;
                 expect_eq(
                     &format!("W={world} {dtype:?} in place"),
-                    &to_f32(&x)?,
+                    &read(comm, dev, &x)?,
                     &sum(world, rows, cols),
                 )?;
                 // The rows around the view are untouched.
@@ -199,7 +289,11 @@ fn all_gather_stacks_ranks_along_dim_0() -> Res {
                     .flat_map(|q| host(q, rows, cols))
                     .map(|v| if dtype == DType::U8 { v + 5.0 } else { v })
                     .collect();
-                expect_eq(&format!("W={world} {dtype:?} all_gather"), &to_f32(&y)?, &want)
+                expect_eq(
+                    &format!("W={world} {dtype:?} all_gather"),
+                    &read(comm, dev, &y)?,
+                    &want,
+                )
             })?;
         }
     }
@@ -218,7 +312,7 @@ fn reduce_scatter_keeps_this_ranks_rows_of_the_sum() -> Res {
                 let full = sum(world, rows, cols);
                 expect_eq(
                     &format!("W={world} {dtype:?} reduce_scatter"),
-                    &to_f32(&y)?,
+                    &read(comm, dev, &y)?,
                     &full[r * 2 * cols..(r + 1) * 2 * cols],
                 )
             })?;
@@ -240,7 +334,7 @@ fn fused_norm_matches_the_host_and_updates_the_residual() -> Res {
                 let res_want: Vec<f32> = sum(world, tokens, hidden).iter().map(|s| s + 1.0).collect();
                 expect_eq(
                     &format!("W={world} {dtype:?} residual"),
-                    &to_f32(&residual)?,
+                    &read(comm, dev, &residual)?,
                     &res_want,
                 )?;
                 // normed = 0.5 · residual / rms(residual row), against f64 on the host.
@@ -280,7 +374,7 @@ fn ranks_get_identical_bits_from_the_fused_call() -> Res {
         let residual = Tensor::ones((tokens, hidden), DType::BF16, dev)?;
         let weight = Tensor::ones(hidden, DType::BF16, dev)?;
         let normed = comm.all_reduce_add_rmsnorm(&partial, &residual, &weight, 1e-6)?;
-        let bits: Vec<u32> = to_f32(&normed)?.iter().map(|v| v.to_bits()).collect();
+        let bits: Vec<u32> = read(comm, dev, &normed)?.iter().map(|v| v.to_bits()).collect();
         outputs.lock().unwrap().push(bits);
         Ok(())
     })?;
@@ -299,7 +393,7 @@ fn in_place_all_reduce_replays_from_a_cuda_graph() -> Res {
             let (_, x) = offset_tensor(r, rows, cols, DType::F32, dev)?;
             let stream = dev.as_cuda_device()?.cuda_stream();
             comm.all_reduce_(&x)?; // eager: x = S
-            dev.synchronize()?;
+            comm.synchronize(dev)?;
             stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
             let captured = comm.all_reduce_(&x);
             let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
@@ -309,10 +403,9 @@ fn in_place_all_reduce_replays_from_a_cuda_graph() -> Res {
             for _ in 0..3 {
                 graph.launch()?;
             }
-            dev.synchronize()?;
             let w3 = (world * world * world) as f32;
             let want: Vec<f32> = sum(world, rows, cols).iter().map(|s| s * w3).collect();
-            expect_eq(&format!("W={world} graph replays"), &to_f32(&x)?, &want)
+            expect_eq(&format!("W={world} graph replays"), &read(comm, dev, &x)?, &want)
         })?;
     }
     Ok(())
@@ -346,15 +439,36 @@ fn cuda_tensors_the_ops_refuse() -> Res {
         }
         // Every rank refused alike, and the group still works.
         let y = comm.all_reduce(&x)?;
-        expect_eq("after refusals", &to_f32(&y)?, &vec![2.0; 64 * 32])
+        expect_eq("after refusals", &read(comm, dev, &y)?, &vec![2.0; 64 * 32])
     })
+}
+
+fn local_group_refuses_ranks_without_a_stream_each() -> Res {
+    // One device given to two ranks: one stream, on which the second rank's collective would
+    // queue behind the first's, which waits for it.
+    let dev = Device::new_cuda_with_stream(0)?;
+    let e = SymmComm::local_group(&[dev.clone(), dev], Config::default())
+        .unwrap_err()
+        .to_string();
+    if !e.contains("share one stream") || !e.contains("Device::new_cuda_with_stream(0)") {
+        return Err(format!("one device twice: {e}").into());
+    }
+    // Device::new_cuda: the per-thread default stream, another stream on every thread.
+    let implicit = [Device::new_cuda(0)?, Device::new_cuda(0)?];
+    let e = SymmComm::local_group(&implicit, Config::default())
+        .unwrap_err()
+        .to_string();
+    if !e.contains("implicit stream") {
+        return Err(format!("Device::new_cuda: {e}").into());
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
     let args = Arguments::from_args();
     let missing = gpu_missing();
     let required = std::env::var("REQUIRE_GPU").is_ok_and(|v| v == "1");
-    let tests: [Named; 8] = [
+    let tests: [Named; 9] = [
         (
             "all_reduce_op_every_dtype_from_an_offset",
             all_reduce_op_every_dtype_from_an_offset,
@@ -381,6 +495,10 @@ fn main() -> ExitCode {
             in_place_all_reduce_replays_from_a_cuda_graph,
         ),
         ("cuda_tensors_the_ops_refuse", cuda_tensors_the_ops_refuse),
+        (
+            "local_group_refuses_ranks_without_a_stream_each",
+            local_group_refuses_ranks_without_a_stream_each,
+        ),
     ];
     let trials = tests
         .into_iter()

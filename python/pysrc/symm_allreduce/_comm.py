@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _native
-from ._tensor import Descriptor, TensorLike, describe
+from ._tensor import CODE_SIZES, PLAIN_TYPES, SUM_CODES, Descriptor, TensorLike, describe
 from .errors import SymmAllReduceError
 
 if TYPE_CHECKING:
@@ -31,6 +31,20 @@ GATHER_DTYPES: tuple[str, ...] = tuple(_native.dtypes()[1])
 _REDUCE_SIZES: dict[str, int] = {
     prefix + name: int(_native.element_size(name)) for name in REDUCE_DTYPES for prefix in ("", "torch.")
 }
+
+#: The hot-path code of each algorithm name (``_native.algorithm_code``): the canonical names
+#: up front, an alias once it has been used.
+_ALGORITHM_CODES: dict[str, int] = {name: code for code, name in enumerate(_native.ALGORITHMS)}
+_AUTO = _ALGORITHM_CODES["auto"]
+
+
+def _algorithm_code(name: str) -> int:
+    """The code of an algorithm name not seen yet (raises ``InvalidCallError`` with the crate's
+    text for an unknown one, as the native call would); remembered when valid."""
+    code = int(_native.algorithm_code(name))
+    _ALGORITHM_CODES[name] = code  # only valid spellings get here: a few dozen at most
+    return code
+
 
 # Live communicators by handle, for the torch.library ops (which take the handle as an int).
 # Both are safe from several threads (one dict store or pop, one `next` of a C iterator).
@@ -242,7 +256,18 @@ class SymmAllReduce:
         this rank's device, a summable dtype, 1 to ``max_size`` bytes."""
         if self.disabled or self._native is None:
             return False
+        if type(inp) in PLAIN_TYPES:
+            return self._plain_kind(inp) is not None
         return self._takes(describe(inp))
+
+    def _plain_kind(self, t: Any) -> int | None:
+        """The dtype code of a plain torch tensor that :meth:`custom_all_reduce` takes, else
+        None (what :meth:`_takes` says of its descriptor, read through torch directly)."""
+        kind = SUM_CODES.get(t.dtype)
+        if kind is None or not (t.is_cuda and t.get_device() == self._device and t.is_contiguous()):
+            return None
+        n = t.numel()
+        return kind if 0 < n and n * CODE_SIZES[kind] <= self.max_size else None
 
     def _takes(self, d: Descriptor) -> bool:
         if d[3] != "cuda" or d[4] != self._device or not d[5] or d[1] == 0:
@@ -256,6 +281,20 @@ class SymmAllReduce:
         native = self._native
         if self.disabled or native is None:
             return None
+        if type(input) in PLAIN_TYPES:
+            # The hot path (as in all_reduce), with the checks of _plain_kind inline.
+            dev = self._device
+            kind = SUM_CODES.get(input.dtype)
+            if kind is None or not (input.is_cuda and input.get_device() == dev and input.is_contiguous()):
+                return None
+            n = input.numel()
+            if n == 0 or n * CODE_SIZES[kind] > self.max_size:
+                return None
+            torch = _TORCH or _torch()
+            out = torch.empty_like(input, memory_format=torch.contiguous_format)
+            current = _CURRENT_STREAM or _bind_current_stream()
+            native.all_reduce_ptr(input.data_ptr(), n, out.data_ptr(), n, kind, current(dev), _AUTO)
+            return out
         d = describe(input)
         if not self._takes(d):
             return None
@@ -278,6 +317,37 @@ class SymmAllReduce:
         native = self._native
         if native is None:
             native = self._live()
+        code = _ALGORITHM_CODES.get(algorithm)
+        if code is None:
+            code = _algorithm_code(algorithm)
+        # The hot path: plain torch tensors, read and checked through torch (no descriptor
+        # tuples, no string per call; see _native.Communicator.all_reduce_ptr). Anything
+        # else, and anything it refuses, takes the checked path, which raises the precise error.
+        dev = self._device
+        if type(inp) in PLAIN_TYPES and inp.is_cuda and inp.get_device() == dev and inp.is_contiguous():
+            dtype = inp.dtype
+            kind = SUM_CODES.get(dtype)
+            if kind is not None:
+                current = _CURRENT_STREAM or _bind_current_stream()
+                ptr = inp.data_ptr()
+                n = inp.numel()
+                if out is None:
+                    torch = _TORCH or _torch()
+                    out = torch.empty_like(inp, memory_format=torch.contiguous_format)
+                    native.all_reduce_ptr(ptr, n, out.data_ptr(), n, kind, current(dev), code)
+                    return out
+                if out is inp:
+                    native.all_reduce_ptr(ptr, n, ptr, n, kind, current(dev), code)
+                    return out
+                if (
+                    type(out) in PLAIN_TYPES
+                    and out.dtype is dtype
+                    and out.is_cuda
+                    and out.get_device() == dev
+                    and out.is_contiguous()
+                ):
+                    native.all_reduce_ptr(ptr, n, out.data_ptr(), out.numel(), kind, current(dev), code)
+                    return out
         return self._all_reduce(native, inp, describe(inp), out, algorithm)
 
     def _all_reduce(

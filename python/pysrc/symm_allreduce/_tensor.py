@@ -1,10 +1,15 @@
 """Tensors as the plain descriptors the native module validates (duck-typed: anything with
 ``data_ptr()``, ``numel()``, ``dtype``, ``device`` and ``is_contiguous()``).
 
-This is the per-call host path, so it does no more than it must: a torch tensor is read
-through five C-level accessors (no ``torch.device`` object, no ``str(dtype)`` after the
-first call for a dtype); any other object through the generic attributes. What the values
-mean is checked by the native module on every call, whatever made them.
+This is the checked path: a torch tensor is read through five C-level accessors (no
+``torch.device`` object, no ``str(dtype)`` after the first call for a dtype); any other
+object through the generic attributes. What the values mean is checked by the native module
+on every call, whatever made them (the driver is asked where the memory is).
+
+The all-reduce's hot path (``SymmAllReduce.all_reduce``) does not build descriptors for plain
+torch tensors (:data:`PLAIN_TYPES`, filled the first time a torch tensor is described): it
+reads them through the same accessors, checks them against the communicator, and passes
+the address, the length and the dtype's code (:data:`SUM_CODES`) as integers.
 """
 
 from __future__ import annotations
@@ -42,6 +47,17 @@ _DTYPE_NAMES_MAX = 64
 _TORCH_TYPES: set[type] = set()
 _OTHER_TYPES: set[type] = set()
 
+#: The exact classes whose accessors are torch's own (``torch.Tensor``, ``torch.nn.Parameter``;
+#: no subclass that could override them): the hot path trusts what they report. Empty until
+#: the first torch tensor is described.
+PLAIN_TYPES: set[type] = set()
+
+#: The hot-path code (``_native.dtype_code``) of each summable torch dtype object.
+SUM_CODES: dict[Any, int] = {}
+
+#: Element size in bytes of each hot-path dtype code.
+CODE_SIZES: dict[int, int] = {}
+
 
 def dtype_name(dtype: Any) -> str:
     """``str(dtype)``, remembered per dtype object."""
@@ -67,10 +83,26 @@ def _is_torch_tensor(t: object) -> bool:
         return False
     if isinstance(t, torch.Tensor):
         _TORCH_TYPES.add(cls)
+        if not PLAIN_TYPES:
+            _register_torch(torch)
         return True
     if len(_OTHER_TYPES) < _DTYPE_NAMES_MAX:
         _OTHER_TYPES.add(cls)
     return False
+
+
+def _register_torch(torch: Any) -> None:
+    """Fills :data:`SUM_CODES` and :data:`CODE_SIZES`, then :data:`PLAIN_TYPES` (last: the
+    hot path looks there first)."""
+    from . import _native
+
+    for name in _native.dtypes()[0]:
+        dtype = getattr(torch, name, None)
+        if dtype is not None:
+            code = int(_native.dtype_code(name))
+            CODE_SIZES[code] = int(_native.element_size(name))
+            SUM_CODES[dtype] = code
+    PLAIN_TYPES.update((torch.Tensor, torch.nn.Parameter))
 
 
 def describe(t: TensorLike) -> Descriptor:

@@ -20,14 +20,17 @@ retried with a longer hold; the count of samples that still include host time is
 
 Host overhead per eager call, in the same run, each measured inside the gated eager rounds
 (mean per call, as symm-bench's ``host_us``): ``py_host_us`` is
-``SymmAllReduce.all_reduce(x, out)`` (describing the tensors, reading the current stream, the
-native call); ``native_host_us`` is the native call alone with the descriptors and the stream
-handle made beforehand (argument conversion, the checks of the stream and the memory, the
-crate's ``all_reduce``: what symm-bench's ``host_us`` is from Rust, plus the conversion).
+``SymmAllReduce.all_reduce(x, out)`` (reading and checking the tensors through torch, reading
+the current stream, the native call); ``native_host_us`` is that native call alone
+(``all_reduce_ptr``) with its integers and the stream handle made beforehand (argument
+conversion, the stream's check when its handle is new, the crate's ``all_reduce``: what
+symm-bench's ``host_us`` is from Rust, plus the conversion); ``checked_host_us`` is the checked
+native call of tensors that are not plain torch tensors (``all_reduce`` of two descriptors made
+beforehand: their conversion, and the driver asked where each tensor's memory is).
 
 ``--host-only`` needs no GPU and no torch: the per-call host work that does not touch the
 device (describing a duck-typed tensor, the native descriptor checks and argument
-conversion), in microseconds per call.
+conversion, the hot path's argument checks), in microseconds per call.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import _native, local_group
+from ._comm import _algorithm_code
 from ._tensor import describe
 
 MODES = ("eager", "graph_amortised", "graph_isolated")
@@ -58,6 +62,7 @@ COLUMNS = (
     "busbw_gbs",
     "py_host_us",
     "native_host_us",
+    "checked_host_us",
 )
 
 #: All-reduces per graph in graph_amortised (symm-bench's default chain).
@@ -244,6 +249,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     elem = torch.empty((), dtype=dtype).element_size()
     sizes = _parse_sizes(args.sizes)
+    kind, algo = int(_native.dtype_code(str(dtype))), _algorithm_code(args.algo)
     comms = local_group(args.world, args.device, capacity_bytes=max(sizes), pool_bytes=0)
     streams = [torch.cuda.Stream(args.device) for _ in comms]
     timer = _Timer(torch, streams)
@@ -261,13 +267,21 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 for c, (x, y) in zip(comms, bufs)
             ]
             native_calls = []
+            checked_calls = []
             for c, s, (x, y) in zip(comms, streams, bufs):
                 d_in, d_out, handle = describe(x), describe(y), int(s.cuda_stream)
+                # The integers the hot path passes (d_in[0], d_out[0]: the tensors' addresses).
                 native_calls.append(
+                    lambda nat=c._native, i=d_in[0], o=d_out[0], m=n, h=handle: nat.all_reduce_ptr(
+                        i, m, o, m, kind, h, algo
+                    )
+                )
+                checked_calls.append(
                     lambda n=c._native, i=d_in, o=d_out, h=handle: n.all_reduce(i, o, h, args.algo)
                 )
             _, py_host = _measure(torch, timer, comms, streams, "eager", py_calls)
             _, native_host = _measure(torch, timer, comms, streams, "eager", native_calls)
+            _, checked_host = _measure(torch, timer, comms, streams, "eager", checked_calls)
             for mode in args.modes:
                 times, _ = _measure(torch, timer, comms, streams, mode, py_calls)
                 t = statistics.median(times)
@@ -288,6 +302,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                         "busbw_gbs": algbw * 2 * (args.world - 1) / args.world,
                         "py_host_us": py_host,
                         "native_host_us": native_host,
+                        "checked_host_us": checked_host,
                     }
                 )
     finally:
@@ -331,6 +346,8 @@ def host_only(iters: int) -> list[tuple[str, float]]:
     y = _DuckTensor(0x7F00_0001_0000, 4096, "torch.bfloat16")
     dx = describe(x)
     check = _native.check_tensor
+    ptr_check = _native.check_ptr_call
+    bf16, auto = int(_native.dtype_code("bfloat16")), _algorithm_code("auto")
     steps: list[tuple[str, Callable[[], Any]]] = [
         ("describe(tensor), duck-typed", lambda: describe(x)),
         ("native descriptor check + argument conversion, one tensor", lambda: check(dx, 0)),
@@ -339,6 +356,10 @@ def host_only(iters: int) -> list[tuple[str, float]]:
             lambda: (check(describe(x), 0), check(describe(y), 0)),
         ),
         ("python call overhead (empty function)", lambda: None),
+        (
+            "hot path: native argument conversion and checks of an out-of-place call (integers)",
+            lambda: ptr_check(0x7F00_0000_0000, 4096, 0x7F00_0001_0000, 4096, bf16, auto),
+        ),
     ]
     out = []
     for name, fn in steps:
