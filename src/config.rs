@@ -68,6 +68,18 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// Every algorithm, `Auto` first (for bindings that pass an algorithm as its index here).
+    pub const ALL: [Algorithm; 8] = [
+        Algorithm::Auto,
+        Algorithm::OneShot,
+        Algorithm::TwoShot,
+        Algorithm::LowLatency,
+        Algorithm::Multimem,
+        Algorithm::MultimemOneShot,
+        Algorithm::MultimemLowLatency,
+        Algorithm::Nccl,
+    ];
+
     /// Lower-case name (`one_shot`, ...).
     pub const fn name(self) -> &'static str {
         match self {
@@ -937,16 +949,18 @@ mod tests {
 
     #[test]
     fn algorithm_names_round_trip_and_the_error_lists_all() {
-        for a in [
-            Algorithm::Auto,
-            Algorithm::OneShot,
-            Algorithm::TwoShot,
-            Algorithm::LowLatency,
-            Algorithm::Multimem,
-            Algorithm::MultimemOneShot,
-            Algorithm::MultimemLowLatency,
-            Algorithm::Nccl,
-        ] {
+        // Fails to compile when `Algorithm` gains a variant: add it to `Algorithm::ALL` too.
+        let _: fn(Algorithm) = |a| match a {
+            Algorithm::Auto
+            | Algorithm::OneShot
+            | Algorithm::TwoShot
+            | Algorithm::LowLatency
+            | Algorithm::Multimem
+            | Algorithm::MultimemOneShot
+            | Algorithm::MultimemLowLatency
+            | Algorithm::Nccl => {}
+        };
+        for a in Algorithm::ALL {
             assert_eq!(a.name().parse::<Algorithm>().unwrap(), a);
             assert!(
                 "bogus".parse::<Algorithm>().unwrap_err().contains(a.name()),

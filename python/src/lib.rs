@@ -113,30 +113,9 @@ fn parse_algorithm(name: &str) -> PyResult<Algorithm> {
     name.parse::<Algorithm>().map_err(invalid_call)
 }
 
-/// Every algorithm, in the order of its code on the hot path (`all_reduce_ptr` takes the
-/// index here, `algorithm_code` maps a name to it; the Python layer maps each name once).
-const ALGORITHMS: [Algorithm; 8] = [
-    Algorithm::Auto,
-    Algorithm::OneShot,
-    Algorithm::TwoShot,
-    Algorithm::LowLatency,
-    Algorithm::Multimem,
-    Algorithm::MultimemOneShot,
-    Algorithm::MultimemLowLatency,
-    Algorithm::Nccl,
-];
-
-/// Fails to compile when `Algorithm` gains a variant: add it to [`ALGORITHMS`], then here.
-const _: fn(Algorithm) = |a| match a {
-    Algorithm::Auto
-    | Algorithm::OneShot
-    | Algorithm::TwoShot
-    | Algorithm::LowLatency
-    | Algorithm::Multimem
-    | Algorithm::MultimemOneShot
-    | Algorithm::MultimemLowLatency
-    | Algorithm::Nccl => {}
-};
+/// The hot path's algorithm codes: indices into [`Algorithm::ALL`] (`all_reduce_ptr` takes
+/// the index, `algorithm_code` maps a name to it; the Python layer maps each name once).
+const ALGORITHMS: [Algorithm; 8] = Algorithm::ALL;
 
 /// The algorithm of a hot-path code (an index into [`ALGORITHMS`]).
 fn algorithm_of_code(code: u8) -> PyResult<Algorithm> {
@@ -152,7 +131,7 @@ fn algorithm_of_code(code: u8) -> PyResult<Algorithm> {
 #[pyfunction]
 fn algorithm_code(name: &str) -> PyResult<u8> {
     let algorithm = parse_algorithm(name)?;
-    // Every variant is in ALGORITHMS (checked at compile time above), at an index below 8.
+    // Every variant is in Algorithm::ALL (the crate's test checks it), at an index below 8.
     Ok(ALGORITHMS
         .iter()
         .position(|a| *a == algorithm)
