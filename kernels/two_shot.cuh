@@ -13,9 +13,9 @@ namespace symm {
 //
 // Loads in flight: every phase issues all its loads for U iterations of the loop before the
 // first store or add (R = a bound on the world size, known at compile time). A thread then
-// has R·U = 8 16-byte loads in flight (16 for a lone rank, whose kernel is one pass from input
-// to output; more spills at 128 registers); with one iteration at a time a lone rank had one,
-// and moved 64 MiB at 0.13× copy speed. Unrolling keeps the index pattern: a thread handles
+// has R·U = 8 16-byte loads in flight, a lone rank (one pass from input to output) too: 12 or
+// 16 spill at 128 registers (tests/kernel_code.rs refuses any spill); with one iteration at a
+// time a lone rank had one, and moved 64 MiB at 0.13× copy speed. Unrolling keeps the index pattern: a thread handles
 // the same packs as the plain PackLoop, only U of them at once.
 template <typename T, uint32_t R, uint32_t U>
 __device__ __forceinline__ void two_shot_body(const T* in, T* out, uint64_t n, const SymmArgs& a, uint64_t epoch) {
@@ -109,7 +109,7 @@ __device__ __forceinline__ void two_shot(const T* in, T* out, uint64_t n, const 
     const uint64_t epoch = begin_call(a);
     if (epoch == 0) return;
     if (a.world == 1) {
-        two_shot_body<T, 1, 16>(in, out, n, a, epoch);
+        two_shot_body<T, 1, 8>(in, out, n, a, epoch);
     } else if (a.world == 2) {
         two_shot_body<T, 2, 4>(in, out, n, a, epoch);
     } else if (a.world <= 4) {
