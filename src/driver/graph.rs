@@ -172,6 +172,54 @@ pub(crate) fn add_record_node(
     Ok(node)
 }
 
+/// One default (full) edge `from → to` added (`add`) or removed in `graph`.
+fn edge(graph: sys::CUgraph, from: sys::CUgraphNode, to: sys::CUgraphNode, add: bool) -> sys::CUresult {
+    // SAFETY: `graph` is being captured (edge changes are allowed while it is); `from` and
+    // `to` are nodes of it; null edge data means a default (full) dependency.
+    unsafe {
+        if add {
+            sys::cuGraphAddDependencies_v2(graph, &from, &to, std::ptr::null(), 1)
+        } else {
+            sys::cuGraphRemoveDependencies_v2(graph, &from, &to, std::ptr::null(), 1)
+        }
+    }
+}
+
+/// Moves `node`'s dependencies from `old` to `new` (full edges), all or nothing: when the
+/// driver refuses an edge change, the edges changed so far are put back and the error
+/// returned. Graphs that hold memory allocation or free nodes (a capture of
+/// `cuMemAllocAsync`, as candle's) refuse every removal (`CUDA_ERROR_NOT_SUPPORTED`).
+pub(crate) fn move_dependencies(
+    graph: sys::CUgraph,
+    node: sys::CUgraphNode,
+    old: &[sys::CUgraphNode],
+    new: &[sys::CUgraphNode],
+) -> Result<()> {
+    let undo = |removed: &[sys::CUgraphNode], added: &[sys::CUgraphNode]| {
+        for &from in added {
+            edge(graph, from, node, false);
+        }
+        for &from in removed {
+            edge(graph, from, node, true);
+        }
+    };
+    for (i, &from) in old.iter().enumerate() {
+        let code = edge(graph, from, node, false);
+        if code != sys::CUresult::CUDA_SUCCESS {
+            undo(&old[..i], &[]);
+            return check(code, "cuGraphRemoveDependencies");
+        }
+    }
+    for (i, &from) in new.iter().enumerate() {
+        let code = edge(graph, from, node, true);
+        if code != sys::CUresult::CUDA_SUCCESS {
+            undo(old, &new[..i]);
+            return check(code, "cuGraphAddDependencies");
+        }
+    }
+    Ok(())
+}
+
 /// A stream made with the driver and wrapped for cudarc as borrowed, destroyed on drop: it
 /// does not count as one of cudarc's streams. cudarc switches a context into multi-stream
 /// mode (an event on every buffer use from then on) at the first stream it creates, which a
