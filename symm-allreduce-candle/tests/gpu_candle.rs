@@ -169,6 +169,14 @@ fn warm_up(dev: &Device) -> Res {
         let _ = (&t + &t)?.to_dtype(DType::F32)?.to_vec2::<f32>()?;
         let _ = (&t * 0.5)?.to_dtype(DType::F32)?.to_vec2::<f32>()?;
     }
+    // The byte tensors of the all-gather test: f32 → u8, a u8 view made contiguous, u8 → f32.
+    let bytes = (Tensor::from_vec(vec![1f32; 48], (6, 8), dev)? + 5.0)?.to_dtype(DType::U8)?;
+    let _ = bytes
+        .narrow(0, 2, 3)?
+        .contiguous()?
+        .to_dtype(DType::F32)?
+        .to_vec2::<f32>()?;
+    let _ = Tensor::zeros((6, 8), DType::U8, dev)?;
     dev.synchronize()?;
     Ok(())
 }
@@ -465,6 +473,14 @@ fn local_group_refuses_ranks_without_a_stream_each() -> Res {
 }
 
 fn main() -> ExitCode {
+    // The ranks share one GPU: more hardware queues than the driver's default 8, so that no
+    // rank's stream shares one with a peer's (where its kernel could wait behind the peer's
+    // waiting collective; docs/bench/README.md, "Virtual ranks"). Before CUDA starts; an
+    // explicit setting is kept.
+    if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+        // Nothing else runs yet: no thread reads the environment concurrently.
+        std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
+    }
     let args = Arguments::from_args();
     let missing = gpu_missing();
     let required = std::env::var("REQUIRE_GPU").is_ok_and(|v| v == "1");

@@ -556,10 +556,9 @@ fn rank_main(
     })?;
     let mut out = Vec::new();
     for &batch in &args.batches {
-        // Compute only first: every kernel of this batch's step (candle's, cuBLAS's) is then
-        // loaded, and candle's upload cache filled, before any collective runs. With virtual
-        // ranks on one GPU, CUDA's lazy module loading can otherwise wait on a peer's
-        // collective that waits for this rank: a timeout (README, Troubleshooting).
+        // Compute only first: candle's upload cache is filled before any collective runs,
+        // and every kernel of this batch's step (candle's, cuBLAS's) has run once (with an
+        // explicit CUDA_MODULE_LOADING=LAZY too; `main` sets EAGER otherwise).
         let mut modes = vec![(Mode::ComputeOnly, None)];
         if let Some(c) = &comm {
             modes.push((Mode::Fused, Some(c)));
@@ -615,10 +614,12 @@ const GRAPH: &str = "symm fused (graph)";
 /// and the driver context it wraps, the stream, cudarc's event tracking) and the module
 /// loading mode.
 fn describe_ranks(devices: &[Device], comms: &[Option<SymmComm>]) -> Res<()> {
-    eprintln!(
-        "CUDA_MODULE_LOADING={}",
-        std::env::var("CUDA_MODULE_LOADING").unwrap_or_else(|_| "(unset: the driver's default, lazy)".into())
-    );
+    for name in ["CUDA_MODULE_LOADING", "CUDA_DEVICE_MAX_CONNECTIONS"] {
+        eprintln!(
+            "{name}={}",
+            std::env::var(name).unwrap_or_else(|_| "(unset)".into())
+        );
+    }
     for (rank, (dev, comm)) in devices.iter().zip(comms).enumerate() {
         let cuda = dev.as_cuda_device()?;
         let stream = cuda.cuda_stream();
@@ -732,6 +733,25 @@ fn run_world(world: usize, ctx: &Ctx, with_comm: bool) -> Res<Vec<Vec<Measured>>
 }
 
 fn main() -> std::process::ExitCode {
+    // The ranks are threads on one GPU, whose kernels wait for each other on the device; two
+    // settings keep one rank's work from queueing behind a peer's waiting collective (docs/
+    // bench/README.md, "Virtual ranks"), each kept when set explicitly:
+    // - CUDA_MODULE_LOADING=EAGER: with lazy loading (the driver's default) a rank's first
+    //   launch of a kernel not loaded yet (candle's, or the cuBLAS kernel picked for a new
+    //   shape) may wait for the context's running kernels;
+    // - CUDA_DEVICE_MAX_CONNECTIONS=32: the driver spreads streams over this many hardware
+    //   queues (8 by default); kernels of streams that share a queue start in the order they
+    //   were queued, so a rank's kernel can wait behind a peer's collective that waits for it.
+    for (name, value) in [
+        ("CUDA_MODULE_LOADING", "EAGER"),
+        ("CUDA_DEVICE_MAX_CONNECTIONS", "32"),
+    ] {
+        if std::env::var_os(name).is_none() {
+            // Before any thread or CUDA call of this process: nothing reads the environment
+            // concurrently.
+            std::env::set_var(name, value);
+        }
+    }
     match run() {
         Ok(true) => std::process::ExitCode::SUCCESS,
         Ok(false) => {
