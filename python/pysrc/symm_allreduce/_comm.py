@@ -264,7 +264,7 @@ class SymmAllReduce:
         """The dtype code of a plain torch tensor that :meth:`custom_all_reduce` takes, else
         None (what :meth:`_takes` says of its descriptor, read through torch directly)."""
         kind = SUM_CODES.get(t.dtype)
-        if kind is None or not (t.is_cuda and t.get_device() == self._device and t.is_contiguous()):
+        if kind is None or not (t.get_device() == self._device and t.is_contiguous()):
             return None
         n = t.numel()
         return kind if 0 < n and n * CODE_SIZES[kind] <= self.max_size else None
@@ -285,7 +285,7 @@ class SymmAllReduce:
             # The hot path (as in all_reduce), with the checks of _plain_kind inline.
             dev = self._device
             kind = SUM_CODES.get(input.dtype)
-            if kind is None or not (input.is_cuda and input.get_device() == dev and input.is_contiguous()):
+            if kind is None or not (input.get_device() == dev and input.is_contiguous()):
                 return None
             n = input.numel()
             if n == 0 or n * CODE_SIZES[kind] > self.max_size:
@@ -323,8 +323,9 @@ class SymmAllReduce:
         # The hot path: plain torch tensors, read and checked through torch (no descriptor
         # tuples, no string per call; see _native.Communicator.all_reduce_ptr). Anything
         # else, and anything it refuses, takes the checked path, which raises the precise error.
+        # `get_device()` is -1 off CUDA (and the communicator's device is >= 0): no `is_cuda`.
         dev = self._device
-        if type(inp) in PLAIN_TYPES and inp.is_cuda and inp.get_device() == dev and inp.is_contiguous():
+        if type(inp) in PLAIN_TYPES and inp.get_device() == dev and inp.is_contiguous():
             dtype = inp.dtype
             kind = SUM_CODES.get(dtype)
             if kind is not None:
@@ -342,7 +343,6 @@ class SymmAllReduce:
                 if (
                     type(out) in PLAIN_TYPES
                     and out.dtype is dtype
-                    and out.is_cuda
                     and out.get_device() == dev
                     and out.is_contiguous()
                 ):
