@@ -195,29 +195,43 @@ pub(crate) fn move_dependencies(
     old: &[sys::CUgraphNode],
     new: &[sys::CUgraphNode],
 ) -> Result<()> {
-    let undo = |removed: &[sys::CUgraphNode], added: &[sys::CUgraphNode]| {
-        for &from in added {
-            edge(graph, from, node, false);
-        }
-        for &from in removed {
-            edge(graph, from, node, true);
-        }
-    };
+    let (code, call) = move_edges(old, new, |from, add| edge(graph, from, node, add));
+    check(code, call)
+}
+
+/// [`move_dependencies`]'s order of edge changes, over `change(from, add)` (one edge
+/// `from → node` added or removed): every `old` edge removed, then every `new` edge added;
+/// on the first refusal the changes made so far are undone (best effort: a refused undo
+/// leaves the node with fewer edges, which the caller's fallback, a new node after the
+/// newest call, covers). The code and the call of the refusal, or success.
+fn move_edges<N: Copy>(
+    old: &[N],
+    new: &[N],
+    mut change: impl FnMut(N, bool) -> sys::CUresult,
+) -> (sys::CUresult, &'static str) {
+    let ok = sys::CUresult::CUDA_SUCCESS;
     for (i, &from) in old.iter().enumerate() {
-        let code = edge(graph, from, node, false);
-        if code != sys::CUresult::CUDA_SUCCESS {
-            undo(&old[..i], &[]);
-            return check(code, "cuGraphRemoveDependencies");
+        let code = change(from, false);
+        if code != ok {
+            for &back in &old[..i] {
+                change(back, true);
+            }
+            return (code, "cuGraphRemoveDependencies");
         }
     }
     for (i, &from) in new.iter().enumerate() {
-        let code = edge(graph, from, node, true);
-        if code != sys::CUresult::CUDA_SUCCESS {
-            undo(old, &new[..i]);
-            return check(code, "cuGraphAddDependencies");
+        let code = change(from, true);
+        if code != ok {
+            for &back in &new[..i] {
+                change(back, false);
+            }
+            for &back in old {
+                change(back, true);
+            }
+            return (code, "cuGraphAddDependencies");
         }
     }
-    Ok(())
+    (ok, "")
 }
 
 /// A stream made with the driver and wrapped for cudarc as borrowed, destroyed on drop: it
@@ -252,5 +266,65 @@ impl Drop for UncountedStream {
         // does nothing with it when it drops; work still queued on it completes before the
         // driver releases it.
         let _ = unsafe { cudarc::driver::result::stream::destroy(self.0.cu_stream()) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    /// A node's incoming edges, changed the way the driver would: a removal of an absent edge
+    /// or an addition of a present one is refused, and `refuse` refuses one more change.
+    fn run(
+        edges: &mut BTreeSet<u32>,
+        old: &[u32],
+        new: &[u32],
+        refuse: Option<(u32, bool)>,
+    ) -> sys::CUresult {
+        move_edges(old, new, |from, add| {
+            let refused = refuse == Some((from, add)) || (add == edges.contains(&from));
+            if refused {
+                return sys::CUresult::CUDA_ERROR_NOT_SUPPORTED;
+            }
+            if add {
+                edges.insert(from);
+            } else {
+                edges.remove(&from);
+            }
+            sys::CUresult::CUDA_SUCCESS
+        })
+        .0
+    }
+
+    #[test]
+    fn a_move_leaves_exactly_the_new_edges() {
+        let mut edges = BTreeSet::from([1, 2]);
+        assert_eq!(run(&mut edges, &[1, 2], &[3], None), sys::CUresult::CUDA_SUCCESS);
+        assert_eq!(edges, BTreeSet::from([3]));
+        // The next call's move starts from what this one left.
+        assert_eq!(run(&mut edges, &[3], &[4, 5], None), sys::CUresult::CUDA_SUCCESS);
+        assert_eq!(edges, BTreeSet::from([4, 5]));
+    }
+
+    #[test]
+    fn a_refused_removal_leaves_the_old_edges() {
+        // The second removal is refused (a graph with memory nodes refuses the first: also here).
+        for refused in [1, 2] {
+            let mut edges = BTreeSet::from([1, 2]);
+            let code = run(&mut edges, &[1, 2], &[3], Some((refused, false)));
+            assert_eq!(code, sys::CUresult::CUDA_ERROR_NOT_SUPPORTED);
+            assert_eq!(edges, BTreeSet::from([1, 2]), "refused removal of {refused}");
+        }
+    }
+
+    #[test]
+    fn a_refused_addition_puts_the_old_edges_back() {
+        for refused in [3, 4] {
+            let mut edges = BTreeSet::from([1, 2]);
+            let code = run(&mut edges, &[1, 2], &[3, 4], Some((refused, true)));
+            assert_eq!(code, sys::CUresult::CUDA_ERROR_NOT_SUPPORTED);
+            assert_eq!(edges, BTreeSet::from([1, 2]), "refused addition of {refused}");
+        }
     }
 }
