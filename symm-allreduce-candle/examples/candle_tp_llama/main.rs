@@ -556,9 +556,8 @@ fn rank_main(
     })?;
     let mut out = Vec::new();
     for &batch in &args.batches {
-        // Compute only first: candle's upload cache is filled before any collective runs,
-        // and every kernel of this batch's step (candle's, cuBLAS's) has run once (with an
-        // explicit CUDA_MODULE_LOADING=LAZY too; `main` sets EAGER otherwise).
+        // Compute only first: candle's upload cache is filled, and every kernel of this
+        // batch's step (candle's, cuBLAS's) has run once, before any collective runs.
         let mut modes = vec![(Mode::ComputeOnly, None)];
         if let Some(c) = &comm {
             modes.push((Mode::Fused, Some(c)));
@@ -734,8 +733,8 @@ fn run_world(world: usize, ctx: &Ctx, with_comm: bool) -> Res<Vec<Vec<Measured>>
 
 fn main() -> std::process::ExitCode {
     // The ranks are threads on one GPU, whose kernels wait for each other on the device; two
-    // settings keep one rank's work from queueing behind a peer's waiting collective (docs/
-    // bench/README.md, "Virtual ranks"), each kept when set explicitly:
+    // settings keep one rank's work from queueing behind a peer's waiting collective
+    // (docs/bench/README.md, "Virtual ranks"), each kept when set explicitly:
     // - CUDA_MODULE_LOADING=EAGER: with lazy loading (the driver's default) a rank's first
     //   launch of a kernel not loaded yet (candle's, or the cuBLAS kernel picked for a new
     //   shape) may wait for the context's running kernels;
