@@ -113,16 +113,13 @@ fn parse_algorithm(name: &str) -> PyResult<Algorithm> {
     name.parse::<Algorithm>().map_err(invalid_call)
 }
 
-/// The hot path's algorithm codes: indices into [`Algorithm::ALL`] (`all_reduce_ptr` takes
+/// The algorithm of a hot-path code: an index into [`Algorithm::ALL`] (`all_reduce_ptr` takes
 /// the index, `algorithm_code` maps a name to it; the Python layer maps each name once).
-const ALGORITHMS: [Algorithm; 8] = Algorithm::ALL;
-
-/// The algorithm of a hot-path code (an index into [`ALGORITHMS`]).
 fn algorithm_of_code(code: u8) -> PyResult<Algorithm> {
-    ALGORITHMS.get(usize::from(code)).copied().ok_or_else(|| {
+    Algorithm::ALL.get(usize::from(code)).copied().ok_or_else(|| {
         invalid_call(format!(
             "unknown algorithm code {code}: expected 0 to {} (symm_allreduce._native.algorithm_code)",
-            ALGORITHMS.len() - 1
+            Algorithm::ALL.len() - 1
         ))
     })
 }
@@ -132,7 +129,7 @@ fn algorithm_of_code(code: u8) -> PyResult<Algorithm> {
 fn algorithm_code(name: &str) -> PyResult<u8> {
     let algorithm = parse_algorithm(name)?;
     // Every variant is in Algorithm::ALL (the crate's test checks it), at an index below 8.
-    Ok(ALGORITHMS
+    Ok(Algorithm::ALL
         .iter()
         .position(|a| *a == algorithm)
         .unwrap_or_default() as u8)
@@ -866,7 +863,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", symm_allreduce::VERSION)?;
     m.add("MAX_RANKS", symm_allreduce::MAX_RANKS)?;
     m.add("CONFIG_KEYS", CONFIG_KEYS.to_vec())?;
-    m.add("ALGORITHMS", ALGORITHMS.map(Algorithm::name).to_vec())?;
+    m.add("ALGORITHMS", Algorithm::ALL.map(Algorithm::name).to_vec())?;
     m.add_class::<PyCommunicator>()?;
     m.add_function(wrap_pyfunction!(kernels_available, m)?)?;
     m.add_function(wrap_pyfunction!(device_count, m)?)?;
