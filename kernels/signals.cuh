@@ -44,6 +44,7 @@ __device__ __forceinline__ uint64_t* signal_slot(const SymmArgs& a, uint32_t own
 // first. Call it before touching any input, output or workspace.
 __device__ __forceinline__ uint64_t begin_call(const SymmArgs& a) {
     pdl_wait();
+    if (a.flags & FLAG_PDL_EARLY) pdl_launch_dependents();
     const ulonglong2 s = ld_state_sys(block_state(a));
     const uint32_t poison = static_cast<uint32_t>(s.y);
     if (__syncthreads_or(poison != 0)) {
@@ -61,9 +62,10 @@ __device__ __forceinline__ uint64_t begin_call(const SymmArgs& a) {
 
 // Lets the next kernel on the stream launch (Programmatic Dependent Launch) once this thread's
 // last cross-rank wait has passed; with FLAG_PDL_AT_EXIT the kernel leaves it to its exit,
-// when its output is complete (for consumers that do not call `griddepcontrol.wait`).
+// when its output is complete (for consumers that do not call `griddepcontrol.wait`); with
+// FLAG_PDL_EARLY `begin_call` has triggered already.
 __device__ __forceinline__ void pdl_trigger(const SymmArgs& a) {
-    if ((a.flags & FLAG_PDL_AT_EXIT) == 0) pdl_launch_dependents();
+    if ((a.flags & (FLAG_PDL_AT_EXIT | FLAG_PDL_EARLY)) == 0) pdl_launch_dependents();
 }
 
 // A barrier flag of `peer` carried another call's identity for the same epoch: the two ranks run different kernels, dtypes or lengths. Reported as

@@ -210,6 +210,16 @@ pub struct Config {
     /// with programmatic serialization but reads the output without waiting (README,
     /// "Inside a decode step").
     pub pdl_at_exit: bool,
+    /// With PDL on, let the next kernel on the stream launch as soon as a collective kernel
+    /// has begun its call (passed its own `griddepcontrol.wait`), instead of once its last
+    /// wait on the peers has passed: the next kernel's launch then overlaps the whole
+    /// collective, not only its end. Consumers are affected exactly as by the default trigger
+    /// (a consumer that waits sees the complete output). Takes effect only on a rank whose
+    /// device no other rank of the communicator shares: where ranks share a device, the next
+    /// kernel's blocks could take the multiprocessors a peer's collective still needs, and the
+    /// collective would wait for that peer until the timeout. `Config::pdl_at_exit` wins over
+    /// it. Default `true`; [`crate::Communicator::describe`] says which trigger each rank uses.
+    pub early_trigger: bool,
     /// Launch the peer kernels in the remote memory-synchronisation domain
     /// (`CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN` = remote, as NCCL launches its kernels) where the
     /// device has domains (compute capability 9.0 and newer). A system-scope fence of a kernel
@@ -303,6 +313,7 @@ impl Default for Config {
             peer_kernels: true,
             pdl: true,
             pdl_at_exit: false,
+            early_trigger: true,
             remote_sync_domain: false,
             check_divergence: false,
             tuning: None,
@@ -583,6 +594,7 @@ impl Config {
             peer_kernels,
             pdl,
             pdl_at_exit,
+            early_trigger,
             remote_sync_domain,
             check_divergence,
             tuning,
@@ -602,6 +614,7 @@ impl Config {
             .put(peer_kernels)
             .put(pdl)
             .put(pdl_at_exit)
+            .put(early_trigger)
             .put(remote_sync_domain)
             .put(check_divergence)
             .put(&(*multicast as u8))

@@ -65,7 +65,7 @@ macro_rules! with_type {
 }
 
 /// The names of every `Config` field, as keyword arguments.
-const CONFIG_KEYS: [&str; 17] = [
+const CONFIG_KEYS: [&str; 18] = [
     "capacity_bytes",
     "algorithm",
     "one_shot_max_bytes",
@@ -76,6 +76,7 @@ const CONFIG_KEYS: [&str; 17] = [
     "peer_kernels",
     "pdl",
     "pdl_at_exit",
+    "early_trigger",
     "remote_sync_domain",
     "check_divergence",
     "tuning",
@@ -99,6 +100,7 @@ const _: fn(Config) = |c| {
         peer_kernels: _,
         pdl: _,
         pdl_at_exit: _,
+        early_trigger: _,
         remote_sync_domain: _,
         check_divergence: _,
         tuning: _,
@@ -219,6 +221,7 @@ fn parse_config(options: Option<&Bound<'_, PyDict>>) -> PyResult<Config> {
             "peer_kernels" => c.peer_kernels = value.extract().map_err(bad)?,
             "pdl" => c.pdl = value.extract().map_err(bad)?,
             "pdl_at_exit" => c.pdl_at_exit = value.extract().map_err(bad)?,
+            "early_trigger" => c.early_trigger = value.extract().map_err(bad)?,
             "remote_sync_domain" => c.remote_sync_domain = value.extract().map_err(bad)?,
             "check_divergence" => c.check_divergence = value.extract().map_err(bad)?,
             "tuning" => {
@@ -254,6 +257,7 @@ fn config_dict<'py>(py: Python<'py>, c: &Config) -> PyResult<Bound<'py, PyDict>>
     d.set_item("peer_kernels", c.peer_kernels)?;
     d.set_item("pdl", c.pdl)?;
     d.set_item("pdl_at_exit", c.pdl_at_exit)?;
+    d.set_item("early_trigger", c.early_trigger)?;
     d.set_item("remote_sync_domain", c.remote_sync_domain)?;
     d.set_item("check_divergence", c.check_divergence)?;
     let tuning = c.tuning.as_ref().map(|t| {

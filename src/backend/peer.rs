@@ -12,7 +12,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::abi::{
     call_ident, check_shape, fused_check_len, gather_check_len, ll_rotation, SymmArgs, BLOCK_STATE_BYTES,
-    FLAG_CONSUMER_WAITS, FLAG_PDL_AT_EXIT, MAX_BLOCKS, THREADS_PER_BLOCK,
+    FLAG_CONSUMER_WAITS, FLAG_PDL_AT_EXIT, FLAG_PDL_EARLY, MAX_BLOCKS, THREADS_PER_BLOCK,
 };
 use crate::kernels::coll::{self, GatherCounts};
 use crate::kernels::launch::{self, LaunchAttrs};
@@ -79,6 +79,22 @@ pub(crate) struct PeerBackend {
     check: bool,
 }
 
+/// Where the kernels trigger the next launch (PDL), as `SymmArgs::flags` bits, for a rank whose
+/// device `sharing` ranks use (itself included): at exit with `Config::pdl_at_exit`; as soon
+/// as the call has begun with `Config::early_trigger` where this rank owns its device (the
+/// next kernel's blocks can then only sit beside blocks that are all resident already); else
+/// after the last wait on the peers, which never holds a multiprocessor a peer sharing the
+/// device still needs.
+fn pdl_trigger_flags(config: &Config, sharing: usize) -> u32 {
+    if config.pdl_at_exit {
+        FLAG_PDL_AT_EXIT
+    } else if config.early_trigger && sharing <= 1 {
+        FLAG_PDL_EARLY
+    } else {
+        0
+    }
+}
+
 impl PeerBackend {
     pub(crate) fn new(
         workspace: Workspace,
@@ -87,6 +103,7 @@ impl PeerBackend {
         rank: usize,
         world: usize,
         config: &Config,
+        sharing: usize,
     ) -> PeerBackend {
         let layout = workspace.layout();
         let args = SymmArgs {
@@ -107,7 +124,7 @@ impl PeerBackend {
             pool_tag: 0,
             mc_base: 0,
             ident: 0,
-            flags: if config.pdl_at_exit { FLAG_PDL_AT_EXIT } else { 0 },
+            flags: pdl_trigger_flags(config, sharing),
             ll_rot: 0,
         };
         let attrs = LaunchAttrs {
@@ -145,6 +162,21 @@ impl PeerBackend {
     }
 
     /// The multicast mapping, or why there is none.
+    /// How this rank's kernels launch their successor (`Communicator::describe`).
+    pub(crate) fn pdl_summary(&self) -> &'static str {
+        if !self.attrs.pdl {
+            return "off (Config::pdl is false, or the device is older than compute capability 9.0)";
+        }
+        match self.args.flags {
+            f if f & FLAG_PDL_AT_EXIT != 0 => "on, the next kernel launches when a collective exits (Config::pdl_at_exit)",
+            f if f & FLAG_PDL_EARLY != 0 => {
+                "on, the next kernel launches as soon as a collective has begun (Config::early_trigger; this rank \
+                 owns its device)"
+            }
+            _ => "on, the next kernel launches once a collective's last wait on the peers has passed",
+        }
+    }
+
     pub(crate) fn multicast(&self) -> std::result::Result<&MulticastMapping, &str> {
         self.multicast.as_ref().map_err(String::as_str)
     }
@@ -516,6 +548,30 @@ mod tests {
 
     use super::*;
     use crate::kernels::registry::KERNELS;
+
+    /// The trigger follows the configuration and the device: early only where this rank owns
+    /// its device and `pdl_at_exit` is off, at exit whenever `pdl_at_exit` is on.
+    #[test]
+    fn the_early_trigger_needs_a_device_of_its_own() {
+        let config = |early_trigger, pdl_at_exit| Config {
+            early_trigger,
+            pdl_at_exit,
+            ..Config::default()
+        };
+        assert!(Config::default().early_trigger);
+        assert_eq!(pdl_trigger_flags(&config(true, false), 1), FLAG_PDL_EARLY);
+        for sharing in [2, 3, 8] {
+            assert_eq!(
+                pdl_trigger_flags(&config(true, false), sharing),
+                0,
+                "{sharing} ranks on a device"
+            );
+        }
+        assert_eq!(pdl_trigger_flags(&config(false, false), 1), 0);
+        for (early, sharing) in [(true, 1), (true, 8), (false, 1)] {
+            assert_eq!(pdl_trigger_flags(&config(early, true), sharing), FLAG_PDL_AT_EXIT);
+        }
+    }
 
     /// The driver attributes of `attrs`, as (id, value) in the order they are passed.
     fn driver(attrs: LaunchAttrs) -> Vec<(Id, i64)> {

@@ -514,6 +514,9 @@ impl Communicator {
             ),
             Paths::NcclOnly { why, .. } => format!("peer kernels: off, every call goes to NCCL: {why}\n"),
         };
+        if let Paths::Peer { peer, .. } = &self.paths {
+            s += &format!("PDL: {}\n", peer.pdl_summary());
+        }
         s += &match &self.paths {
             Paths::Peer { peer, .. } => match peer.multicast() {
                 Ok(m) => format!(

@@ -150,6 +150,10 @@ pub(crate) struct SymmArgs {
 pub(crate) const FLAG_PDL_AT_EXIT: u32 = 1;
 /// `SymmArgs::flags` of the test consumer kernel: it waits for its predecessor first.
 pub(crate) const FLAG_CONSUMER_WAITS: u32 = 2;
+/// `SymmArgs::flags`: the kernel lets the next one launch (PDL) as soon as it has begun its
+/// call, not after its last wait on the peers (`Config::early_trigger`, only where no other
+/// rank shares this rank's device).
+pub(crate) const FLAG_PDL_EARLY: u32 = 4;
 /// Bits of a barrier flag that carry the call's identity (the epoch is above them; checked
 /// against the device header).
 #[cfg(test)]
@@ -674,6 +678,7 @@ mod tests {
         assert_eq!(get("ERROR_EPOCHS_EXHAUSTED"), ERROR_EPOCHS_EXHAUSTED as u64);
         assert_eq!(get("FLAG_PDL_AT_EXIT"), FLAG_PDL_AT_EXIT as u64);
         assert_eq!(get("FLAG_CONSUMER_WAITS"), FLAG_CONSUMER_WAITS as u64);
+        assert_eq!(get("FLAG_PDL_EARLY"), FLAG_PDL_EARLY as u64);
         assert!(
             header.contains("RECORD_IDENT = 1ull << 63;"),
             "abi.cuh's RECORD_IDENT is bit 63"

@@ -402,7 +402,8 @@ pub(crate) fn run(
             let mc = multicast::run(bootstrap, &s.config, s.ctx.ordinal(), &workspace, &kernels)?;
             crate::events::peer_kernels(Ok((s.limits.one_shot_blocks, s.limits.two_shot_blocks)), false);
             Established::Peer(
-                PeerBackend::new(workspace, error, kernels, s.rank, s.world, &s.config).with_multicast(mc),
+                PeerBackend::new(workspace, error, kernels, s.rank, s.world, &s.config, s.sharing)
+                    .with_multicast(mc),
             )
         }
         (failed, _, _) => {

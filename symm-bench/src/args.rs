@@ -229,6 +229,12 @@ pub struct Args {
     #[arg(long = "no-pdl")]
     pub no_pdl: bool,
 
+    /// Trigger the next launch only after a collective's last wait on the peers
+    /// (`Config::early_trigger = false`), to compare with the default early trigger. Ranks that
+    /// share a device (`--virtual`) never trigger early, so this changes nothing there.
+    #[arg(long = "no-early-trigger")]
+    pub no_early_trigger: bool,
+
     /// Also time a producer kernel → all-reduce chain at each size (threads launcher, not with
     /// --tune): per rank, an ordinary copy kernel standing for the GEMM that writes the
     /// all-reduce's input, then `all_reduce_with(.., Auto)`, with PDL on (rows `chain_pdl`) and
@@ -684,6 +690,8 @@ pub struct RunPlan {
     pub low_latency_max: usize,
     /// `Config::pdl` for the run (off with `--no-pdl`).
     pub pdl: bool,
+    /// `Config::early_trigger` for the run (off with `--no-early-trigger`).
+    pub early_trigger: bool,
     /// `Config::check_divergence` for the run (`--check-divergence`).
     pub check_divergence: bool,
     /// `--collectives`, in flag order, without repeats.
@@ -718,6 +726,7 @@ impl RunPlan {
                 .low_latency_max
                 .unwrap_or(symm_allreduce::Config::default().low_latency_max_bytes),
             pdl: !args.no_pdl,
+            early_trigger: !args.no_early_trigger,
             check_divergence: args.check_divergence,
             producer_chain: args.producer_chain,
             check: args.check == 1,
@@ -743,6 +752,7 @@ impl RunPlan {
             capacity_bytes,
             low_latency_max_bytes: self.low_latency_max,
             pdl: self.pdl,
+            early_trigger: self.early_trigger,
             check_divergence: self.check_divergence,
             // The `pool` rows reduce one pool buffer of the message size.
             pool_bytes: if self.algos.contains(&AlgoChoice::Pool) {

@@ -90,6 +90,15 @@ struct Args {
     /// the communicator's setup) and each rank's progress through every step, to stderr.
     #[arg(long)]
     diagnose: bool,
+    /// Most decode steps a rank enqueues ahead of its GPU (0: no bound). With several ranks
+    /// in one process the ranks share one CUDA context, and a rank that has run far ahead
+    /// can leave a peer's thread blocked in a launch until the GPU drains, while the GPU
+    /// waits in a collective for that very peer (see `Pacer`).
+    #[arg(long, default_value_t = 4)]
+    max_ahead: usize,
+    /// The communicators' bound on every wait for a peer, in seconds.
+    #[arg(long, default_value_t = 10)]
+    timeout: u64,
 }
 
 #[derive(serde::Deserialize, Debug, Clone)]
@@ -411,6 +420,48 @@ impl Lockstep {
     }
 }
 
+/// Bounds how far a rank's host runs ahead of its GPU: an event after each step, and before
+/// the next one a wait for the step `max_ahead` back. Ranks in one process share the device's
+/// context, whose queue of launched work is finite: a rank that enqueues steps far ahead of
+/// its GPU (whose collectives wait for the peers) fills it, and a peer's next launch then
+/// blocks in the driver until work drains, which waits for that peer's collective; both
+/// sides wait until the communicator's timeout. One rank per GPU (a context each) has no
+/// such coupling; the bound costs nothing while the GPU is the slower side.
+struct Pacer {
+    stream: Arc<symm_allreduce::cudarc::driver::CudaStream>,
+    max_ahead: usize,
+    pending: std::collections::VecDeque<symm_allreduce::cudarc::driver::CudaEvent>,
+}
+
+impl Pacer {
+    fn new(dev: &Device, max_ahead: usize) -> Res<Pacer> {
+        Ok(Pacer {
+            stream: dev.as_cuda_device()?.cuda_stream(),
+            max_ahead,
+            pending: Default::default(),
+        })
+    }
+
+    /// After a step has been enqueued.
+    fn step_done(&mut self) -> Res<()> {
+        if self.max_ahead == 0 {
+            return Ok(());
+        }
+        use symm_allreduce::cudarc::driver::sys::CUevent_flags;
+        self.pending.push_back(
+            self.stream
+                .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))?,
+        );
+        if self.pending.len() > self.max_ahead {
+            if let Some(e) = self.pending.pop_front() {
+                // Ends: the collectives in it end within the communicator's timeout.
+                e.synchronize()?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Waits for this rank's stream: through the communicator when there is one, which also
 /// reports a peer timeout. With several ranks in this process, nothing is read back to the
 /// host before this: candle's readback into pageable memory blocks this thread in the driver
@@ -457,8 +508,10 @@ fn run_mode(
     let (prompt, timed) = toks.split_at(args.prompt);
     let logits = lock.step(rank, "prompt", || {
         let mut logits = None;
+        let mut pacer = Pacer::new(dev, args.max_ahead)?;
         for (pos, t) in prompt.iter().enumerate() {
             logits = Some(model.step(t, pos, comm, mode)?);
+            pacer.step_done()?;
         }
         let logits = logits.ok_or("--prompt must be at least 1")?;
         wait(dev, comm)?;
@@ -466,8 +519,10 @@ fn run_mode(
     })?;
     let step_us = lock.step(rank, "timed steps", || {
         let start = Instant::now();
+        let mut pacer = Pacer::new(dev, args.max_ahead)?;
         for (i, t) in timed.iter().enumerate() {
             model.step(t, args.prompt + i, comm, mode)?;
+            pacer.step_done()?;
         }
         wait(dev, comm)?;
         Ok(start.elapsed().as_secs_f64() * 1e6 / args.steps.max(1) as f64)
@@ -518,8 +573,10 @@ fn run_graph(
     })?;
     let us = lock.step(rank, "graph timing", || {
         let start = Instant::now();
+        let mut pacer = Pacer::new(dev, args.max_ahead)?;
         for _ in 0..args.steps {
             graph.launch()?;
+            pacer.step_done()?;
         }
         wait(dev, Some(comm))?;
         Ok(start.elapsed().as_secs_f64() * 1e6 / args.steps.max(1) as f64)
@@ -684,7 +741,11 @@ fn run_world(world: usize, ctx: &Ctx, with_comm: bool) -> Res<Vec<Vec<Measured>>
         unsafe { d.as_cuda_device()?.disable_event_tracking() };
     }
     let comms: Vec<Option<SymmComm>> = if with_comm {
-        SymmComm::local_group(&devices, Config::default())?
+        let config = Config {
+            timeout: std::time::Duration::from_secs(ctx.args.timeout),
+            ..Config::default()
+        };
+        SymmComm::local_group(&devices, config)?
             .into_iter()
             .map(Some)
             .collect()
