@@ -47,7 +47,7 @@ struct SymmArgs {
     uint32_t flags;
     // The low-latency kernels' rotation of this call (src/kernels/abi.rs `ll_rotation`): byte
     // o of a low-latency slot is stored at (o + ll_rot) mod ll_slot_bytes (a power of two;
-    // ll_rot a multiple of 16). It grows with the call's length and differs by dtype and
+    // ll_rot a multiple of 128, whole cache lines). It grows with the call's length and differs by dtype and
     // kernel, so two ranks that make different low-latency calls poll lines the other never
     // writes and time out, instead of reading each other's data (docs/design.md).
     uint64_t ll_rot;

@@ -184,35 +184,40 @@ pub(crate) fn call_ident(
 }
 
 /// Where a low-latency call's lines lie in their slots: byte `o` of a slot is stored at
-/// `(o + rotation) mod slot_bytes` (`slot_bytes` a power of two; the rotation a multiple of 16
-/// bytes, whole lines). The low-latency kernels carry no identity in their words (every bit is
-/// payload); the rotation stands in for it at no cost in traffic. In lines, it is
+/// `(o + rotation) mod slot_bytes` (`slot_bytes` a power of two; the rotation a multiple of 128
+/// bytes, whole cache lines, so that a warp's 32 words or 8 lines are one cache line of the
+/// slot, as they are unrotated: a 16-byte rotation made every warp's stores and polls span two,
+/// +0.55 µs at 32 KiB on 8 virtual ranks). The low-latency kernels carry no identity in their
+/// words (every bit is payload); the rotation stands in for it at no cost in traffic. In
+/// 128-byte chunks, it is
 ///
-/// `units + dtype term + kernel term  (mod slot lines)`
+/// `units + dtype term + kernel term  (mod slot chunks)`
 ///
 /// with `units` the length the call's lines grow with (elements; bytes for the all-gather;
-/// for the fused call, see below), a dtype term of 0, 1/8 and 1/4 of the
-/// ring for bf16, f16 and f32 (growing with the element size), and a kernel term.
+/// for the fused call, see below), a dtype term of 0, 1/8 and 1/4 of the ring (of chunks) for
+/// bf16, f16 and f32 (growing with the element size), and a kernel term.
 ///
 /// Why it separates calls: a reader polls its window of lines and completes only if every
 /// line of it is written by its peer in the same call. A window of more lines than the
 /// peer's is never covered; a window of the same or fewer lines is covered only if it lies
-/// inside the peer's, which the rotation prevents when the two differ by less than the ring
-/// minus the difference of the windows. For one kernel and dtype, lengths that differ by `d`
-/// elements shift the windows by `d` lines while their sizes differ by at most `d` lines
-/// (16-byte lines, elements of at most 4 bytes: `d / 4` rounded up), so the smaller window
-/// begins `d` lines before the larger one and is never inside it while `d` is below half the
-/// ring. The same length in two dtypes of one size shifts them by 1/8 of the ring; a wider
-/// dtype's larger window lies 1/8 or 1/4 of the ring after the narrower one's, so the narrower
-/// begins before it. Both ranks then wait for a line that never comes and time out together.
+/// inside the peer's, which the rotation prevents. A slot holds eight times the largest
+/// message (`symmetric::Layout`), so a window is at most 1/8 of the ring. For one kernel and
+/// dtype, lengths that differ by `d` elements shift the windows by `d` chunks (`8d` lines)
+/// while their sizes differ by at most `d / 4` lines (elements of at most 4 bytes), so the
+/// smaller window begins `8d` lines before the larger one and is never inside it while `8d`
+/// is at most 7/8 of the ring: `d` below `slot_bytes / 256` elements (1024 at the default
+/// 32 KiB low-latency limit, at least 256). The same length in two dtypes of one size shifts
+/// them by 1/8 of the ring; a wider dtype's larger window lies 1/8 or 1/4 of the ring after
+/// the narrower one's, so the narrower begins before it. Both ranks then wait for a line that
+/// never comes and time out together.
 ///
-/// The fused call (`len` = `tokens << 32 | hidden`) runs the other way, in rows: its rotation is
-/// `hidden − tokens · (row lines + 1) − dtype term + kernel term`. A batch larger by `d` tokens
-/// starts `d · (row lines + 1)` lines earlier and is `d · row lines` longer, so the smaller
-/// batch's window ends past the larger one's (no wrap: a window is at most half the ring); the
-/// same shape in a wider dtype starts 1/8 or 1/4 of the ring earlier still. Shapes of another
-/// hidden size are not separated by construction (no rank of a model runs another hidden size);
-/// the divergence check covers them.
+/// The fused call (`len` = `tokens << 32 | hidden`) runs the other way, in rows: its rotation
+/// (in chunks) is `hidden − tokens · (row chunks + 1) − dtype term + kernel term`. A batch larger
+/// by `d` tokens starts `d · (row chunks + 1)` chunks earlier and is at most `d · row chunks`
+/// chunks longer, so the smaller batch's window ends past the larger one's (no wrap: a window
+/// is at most 1/8 of the ring); the same shape in a wider dtype starts 1/8 or 1/4 of the ring
+/// earlier still. Shapes of another hidden size are not separated by construction (no rank of
+/// a model runs another hidden size); the divergence check covers them.
 pub(crate) fn ll_rotation(
     kernel: crate::kernels::registry::Kernel,
     dtype: crate::dtype::DType,
@@ -221,8 +226,8 @@ pub(crate) fn ll_rotation(
 ) -> u64 {
     use crate::dtype::DType;
     use crate::kernels::registry::Kernel;
-    debug_assert!(slot_bytes.is_power_of_two() && slot_bytes >= 16);
-    let ring = slot_bytes / 16;
+    debug_assert!(slot_bytes.is_power_of_two() && slot_bytes >= LL_ROTATION_BYTES * 32);
+    let ring = slot_bytes / LL_ROTATION_BYTES;
     let dtype_term = match dtype {
         DType::BF16 => 0,
         DType::F16 => ring / 8,
@@ -234,17 +239,20 @@ pub(crate) fn ll_rotation(
         // window starts 1/8 or 1/4 of the ring further back.
         Kernel::FusedLowLatency => {
             let (tokens, hidden) = (len >> 32, len & 0xffff_ffff);
-            let row_lines = (hidden * dtype.size() as u64).div_ceil(16);
+            let row_chunks = (hidden * dtype.size() as u64).div_ceil(LL_ROTATION_BYTES);
             hidden
-                .wrapping_sub(tokens.wrapping_mul(row_lines + 1))
+                .wrapping_sub(tokens.wrapping_mul(row_chunks + 1))
                 .wrapping_sub(dtype_term)
         }
         _ => len.wrapping_add(dtype_term),
     };
     let kernel_term = (kernel.index() as u64).wrapping_mul(ring / 32 + 1);
-    let lines = base.wrapping_add(kernel_term) & (ring - 1);
-    lines * 16
+    let chunks = base.wrapping_add(kernel_term) & (ring - 1);
+    chunks * LL_ROTATION_BYTES
 }
+
+/// The low-latency rotation's unit: one cache line.
+pub(crate) const LL_ROTATION_BYTES: u64 = 128;
 
 /// Human form of a call identity (a peer's call, of which only the identity is known).
 pub(crate) fn describe_ident(ident: u32, len: Option<u64>) -> String {
@@ -369,15 +377,16 @@ mod tests {
             g ^= g << 17;
             g % below
         };
-        for ring in [1024u64, 4096, 1 << 16] {
-            // The largest message fills half the ring.
+        for ring in [4096u64, 16384, 1 << 16] {
+            // The largest message fills 1/8 of the ring (symmetric::Layout); lengths differ
+            // by fewer than ring / 16 elements (slot_bytes / 256).
             for kernel in [Kernel::LowLatency, Kernel::ReduceScatterLowLatency] {
                 for a in DType::ALL {
-                    let max = ring / 2 * 16 / a.size() as u64;
+                    let max = ring / 8 * 16 / a.size() as u64;
                     let mut pairs: Vec<(u64, u64)> = (1..300).map(|n| (n, n + 1)).collect();
                     pairs.extend((0..3000).map(|_| {
                         let n = 1 + next(max - 1);
-                        let d = 1 + next(ring / 2 - 1);
+                        let d = 1 + next(ring / 16 - 1);
                         (n, (n + d).min(max))
                     }));
                     for (n, m) in pairs.into_iter().filter(|(n, m)| n != m) {
@@ -390,7 +399,7 @@ mod tests {
                     // The same length in another dtype.
                     for b in DType::ALL.into_iter().filter(|&b| b != a) {
                         for _ in 0..500 {
-                            let n = 1 + next(max.min(ring / 2 * 16 / b.size() as u64) - 1);
+                            let n = 1 + next(max.min(ring / 8 * 16 / b.size() as u64) - 1);
                             let (x, y) = (window(kernel, a, n, ring), window(kernel, b, n, ring));
                             assert!(
                                 !inside(x, y, ring) && !inside(y, x, ring),
@@ -404,7 +413,7 @@ mod tests {
     }
 
     #[test]
-    fn the_rotation_is_whole_lines_inside_the_slot() {
+    fn the_rotation_is_whole_cache_lines_inside_the_slot() {
         use crate::kernels::registry::Kernel;
         for kernel in [
             Kernel::LowLatency,
@@ -414,8 +423,8 @@ mod tests {
         ] {
             for dtype in DType::ALL {
                 for len in [0u64, 1, 7, 4096, u64::MAX, 3 << 32 | 4096] {
-                    let r = ll_rotation(kernel, dtype, len, 16 << 10);
-                    assert!(r % 16 == 0 && r < 16 << 10, "{kernel:?} {dtype:?} {len}: {r}");
+                    let r = ll_rotation(kernel, dtype, len, 64 << 10);
+                    assert!(r % 128 == 0 && r < 64 << 10, "{kernel:?} {dtype:?} {len}: {r}");
                 }
             }
         }
@@ -429,13 +438,13 @@ mod tests {
         let hiddens = [
             512u64, 1024, 2048, 2560, 3072, 4096, 5120, 6144, 7168, 8192, 12288, 16384,
         ];
-        for ring in [1024u64, 4096, 1 << 16] {
+        for ring in [4096u64, 16384, 1 << 16] {
             let window = |dtype: DType, t: u64, h: u64| {
                 let rot = ll_rotation(Kernel::FusedLowLatency, dtype, t << 32 | h, ring * 16) / 16;
                 (rot, (t * h * dtype.size() as u64).div_ceil(16))
             };
-            // A batch fits when its rows fill at most half the ring.
-            let fits = |dtype: DType, t: u64, h: u64| t * h * dtype.size() as u64 <= ring / 2 * 16;
+            // A batch fits when its rows fill at most 1/8 of the ring (symmetric::Layout).
+            let fits = |dtype: DType, t: u64, h: u64| t * h * dtype.size() as u64 <= ring / 8 * 16;
             for h in hiddens {
                 for dtype in DType::ALL {
                     let batches: Vec<u64> = (1..).take_while(|&t| fits(dtype, t, h)).collect();

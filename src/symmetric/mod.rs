@@ -45,9 +45,9 @@ const _: () = assert!(STATE_OFFSET + MAX_BLOCKS * BLOCK_STATE_BYTES <= CHECK_OFF
 const _: () = assert!(CHECK_OFFSET + CHECK_BYTES <= DATA_OFFSET);
 const _: () = assert!(MAX_RANKS <= SLOTS_PER_ROW);
 
-/// Smallest low-latency slot: 1024 lines, so that two low-latency calls whose lengths differ
-/// by fewer than 512 elements never share their lines (`kernels::abi::ll_rotation`).
-pub(crate) const LL_MIN_SLOT_BYTES: usize = 16 << 10;
+/// Smallest low-latency slot: 512 cache lines, so that two low-latency calls whose lengths
+/// differ by fewer than 256 elements never share their lines (`kernels::abi::ll_rotation`).
+pub(crate) const LL_MIN_SLOT_BYTES: usize = 64 << 10;
 
 /// Sizes derived from the configured capacity and the device granularity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,7 +84,9 @@ impl Layout {
     ) -> Self {
         let data_bytes = capacity.next_multiple_of(4096);
         let ll_capacity_bytes = low_latency_max.min(capacity).next_multiple_of(16).max(16);
-        let ll_slot_bytes = (2 * ll_capacity_bytes).next_power_of_two().max(LL_MIN_SLOT_BYTES);
+        // Eight times the largest message: the rotation (in whole cache lines) keeps calls
+        // that differ apart only while a window is at most 1/8 of the slot.
+        let ll_slot_bytes = (8 * ll_capacity_bytes).next_power_of_two().max(LL_MIN_SLOT_BYTES);
         let end = DATA_OFFSET + 3 * data_bytes + LL_BUFFERS * world * ll_slot_bytes;
         // The pool after everything else; its tags in the allocation's last bytes.
         let pool_offset = end.next_multiple_of(4096);
@@ -140,12 +142,12 @@ mod tests {
         assert_eq!(l.ll_slot_bytes, LL_MIN_SLOT_BYTES);
         let l = Layout::new(64 << 20, 32 << 10, 8, 0, 2 << 20);
         assert_eq!(l.data_bytes, 64 << 20);
-        assert_eq!(l.ll_slot_bytes, 64 << 10);
+        assert_eq!(l.ll_slot_bytes, 256 << 10);
         assert_eq!(l.ll_capacity(), 32 << 10);
-        assert_eq!(l.alloc_bytes, 194 << 20);
-        assert_eq!(l.ll_bytes(8), 3 * 8 * (64 << 10));
+        assert_eq!(l.alloc_bytes, 200 << 20);
+        assert_eq!(l.ll_bytes(8), 3 * 8 * (256 << 10));
         let l = Layout::new(64 << 20, (32 << 10) + 1, 8, 0, 2 << 20);
-        assert_eq!((l.ll_capacity(), l.ll_slot_bytes), ((32 << 10) + 16, 128 << 10));
+        assert_eq!((l.ll_capacity(), l.ll_slot_bytes), ((32 << 10) + 16, 512 << 10));
         assert!(l.ll_offset() + l.ll_bytes(8) <= l.alloc_bytes);
         assert_eq!(
             l.symmetric_offset() + l.data_bytes,
