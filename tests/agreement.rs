@@ -562,6 +562,61 @@ fn pdl_consumers_see_the_complete_output(ctx: Arc<CudaContext>) {
     }
 }
 
+/// The PDL trigger each rank reports: early (at the start of a collective) only where the rank
+/// owns its device (`Config::early_trigger`), after the last wait where ranks share one, at
+/// exit with `pdl_at_exit`. A lone rank with the early trigger: a consumer that waits sees the
+/// complete output (the all-reduce of one rank is its input), 30 rounds per algorithm.
+fn the_early_trigger_is_for_ranks_with_a_device_of_their_own(ctx: Arc<CudaContext>) {
+    let pdl_line = |c: &Communicator| {
+        c.describe()
+            .lines()
+            .find(|l| l.starts_with("PDL: "))
+            .expect("describe() has a PDL line")
+            .to_string()
+    };
+    let (lone, streams) = common::group(&ctx, 1, config(false));
+    let line = pdl_line(&lone[0]);
+    if line.starts_with("PDL: off") {
+        println!("skipped: {line}");
+        return;
+    }
+    assert!(line.contains("as soon as a collective has begun"), "{line}");
+    let (shared, _) = common::group(&ctx, 2, config(false));
+    for c in &shared {
+        let line = pdl_line(c);
+        assert!(line.contains("last wait on the peers"), "{line}");
+    }
+    drop(shared);
+    let (at_exit, _) = common::group(
+        &ctx,
+        1,
+        Config {
+            pdl_at_exit: true,
+            ..config(false)
+        },
+    );
+    assert!(pdl_line(&at_exit[0]).contains("when a collective exits"));
+    drop(at_exit);
+    let s = &streams[0];
+    for (algo, len) in [
+        (Algorithm::LowLatency, 8001usize),
+        (Algorithm::OneShot, 100_003),
+        (Algorithm::TwoShot, 500_001),
+    ] {
+        for round in 0..30u64 {
+            let input = random_input(&mut rng(round), len);
+            let x = s.clone_htod(&input).unwrap();
+            let mut y = s.alloc_zeros::<f32>(len).unwrap();
+            let mut z = s.alloc_zeros::<f32>(len).unwrap();
+            lone[0].all_reduce_with(&x, &mut y, s, algo).unwrap();
+            lone[0].__launch_consumer(&y, &mut z, true, s).unwrap();
+            lone[0].synchronize(s).unwrap();
+            let z = s.clone_dtoh(&z).unwrap();
+            check_bits(&format!("{algo:?} round {round}"), &input, &z).unwrap();
+        }
+    }
+}
+
 fn main() -> std::process::ExitCode {
     common::harness::run(
         "agreement",
@@ -573,6 +628,7 @@ fn main() -> std::process::ExitCode {
             gpu_tracked_test!(a_communicator_keeps_the_context_single_stream),
             gpu_test!(nothing_is_written_around_a_view),
             gpu_test!(pdl_consumers_see_the_complete_output),
+            gpu_test!(the_early_trigger_is_for_ranks_with_a_device_of_their_own),
         ],
     )
 }
