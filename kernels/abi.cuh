@@ -47,9 +47,9 @@ struct SymmArgs {
     uint32_t flags;
     // The low-latency kernels' rotation of this call (src/kernels/abi.rs `ll_rotation`): byte
     // o of a low-latency slot is stored at (o + ll_rot) mod ll_slot_bytes (a power of two;
-    // ll_rot a multiple of 128, whole cache lines). It grows with the call's length and differs by dtype and
-    // kernel, so two ranks that make different low-latency calls poll lines the other never
-    // writes and time out, instead of reading each other's data (docs/design.md).
+    // ll_rot a multiple of 128, whole cache lines). It grows with the call's length and differs
+    // by dtype and kernel, so two ranks that make different low-latency calls poll lines the
+    // other never writes and time out, instead of reading each other's data (docs/design.md).
     uint64_t ll_rot;
 };
 
@@ -63,7 +63,7 @@ constexpr uint32_t FLAG_CONSUMER_WAITS = 2;
 // the host only when every rank owns its device: the next kernel's blocks then sit resident
 // (in their own `griddepcontrol.wait`) beside blocks that are all resident already. Where
 // ranks share a device they could take the SMs a peer's blocks still need, and the peer's
-// wait on them would never end (src/backend/peer.rs `PdlTrigger`).
+// wait on them would never end (src/backend/peer.rs `pdl_trigger_flags`).
 constexpr uint32_t FLAG_PDL_EARLY = 4;
 
 static_assert(sizeof(SymmArgs) == 136, "SymmArgs: ten u64, two u32, four u64, two u32, one u64, as in src/kernels/abi.rs");

@@ -161,7 +161,6 @@ impl PeerBackend {
         std::mem::replace(&mut self.multicast, Err("closed".into())).ok()
     }
 
-    /// The multicast mapping, or why there is none.
     /// How this rank's kernels launch their successor (`Communicator::describe`).
     pub(crate) fn pdl_summary(&self) -> &'static str {
         if !self.attrs.pdl {
@@ -177,6 +176,7 @@ impl PeerBackend {
         }
     }
 
+    /// The multicast mapping, or why there is none.
     pub(crate) fn multicast(&self) -> std::result::Result<&MulticastMapping, &str> {
         self.multicast.as_ref().map_err(String::as_str)
     }

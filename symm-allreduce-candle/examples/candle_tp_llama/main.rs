@@ -90,10 +90,9 @@ struct Args {
     /// the communicator's setup) and each rank's progress through every step, to stderr.
     #[arg(long)]
     diagnose: bool,
-    /// Most decode steps a rank enqueues ahead of its GPU (0: no bound). With several ranks
-    /// in one process the ranks share one CUDA context, and a rank that has run far ahead
-    /// can leave a peer's thread blocked in a launch until the GPU drains, while the GPU
-    /// waits in a collective for that very peer (see `Pacer`).
+    /// Most decode steps a rank enqueues ahead of its GPU (0: no bound). Ranks in one
+    /// process share one CUDA context, and a rank that had run far ahead was seen to stall a
+    /// peer until the collective timed out (see `Pacer`).
     #[arg(long, default_value_t = 4)]
     max_ahead: usize,
     /// The communicators' bound on every wait for a peer, in seconds.
@@ -422,11 +421,11 @@ impl Lockstep {
 
 /// Bounds how far a rank's host runs ahead of its GPU: an event after each step, and before
 /// the next one a wait for the step `max_ahead` back. Ranks in one process share the device's
-/// context, whose queue of launched work is finite: a rank that enqueues steps far ahead of
-/// its GPU (whose collectives wait for the peers) fills it, and a peer's next launch then
-/// blocks in the driver until work drains, which waits for that peer's collective; both
-/// sides wait until the communicator's timeout. One rank per GPU (a context each) has no
-/// such coupling; the bound costs nothing while the GPU is the slower side.
+/// context. Unbounded, a rank that had queued hundreds of steps behind a collective waiting
+/// for its peer stalled that peer's work until the collective timed out (W = 2, 256 steps;
+/// docs/candle.md); bounded to 4 steps the same run completed. The likely coupling is the
+/// context's shared launch queue; one rank per GPU (a context each) does not share it. The
+/// bound costs nothing while the GPU is the slower side.
 struct Pacer {
     stream: Arc<symm_allreduce::cudarc::driver::CudaStream>,
     max_ahead: usize,
