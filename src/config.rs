@@ -164,8 +164,8 @@ pub struct Config {
     /// Largest message, in bytes, one call may reduce. Each rank allocates three times this
     /// (two data buffers used alternately and the zero-copy symmetric buffer), plus 128 KiB of
     /// signals, call state and divergence-check slots, plus the low-latency slots (`3 · world`
-    /// slots, each the power of two at least twice [`Config::low_latency_limit`] and at least
-    /// 16 KiB), plus the symmetric
+    /// slots, each the power of two at least eight times [`Config::low_latency_limit`] and at
+    /// least 64 KiB), plus the symmetric
     /// pool ([`Config::pool_bytes`]), rounded up to the device granularity.
     pub capacity_bytes: usize,
     /// Algorithm used when a call does not force one.
@@ -181,8 +181,8 @@ pub struct Config {
     pub max_blocks_per_rank: usize,
     /// `Auto` uses the barrier-free low-latency kernel up to this many bytes (inclusive;
     /// 0 turns it off) for a (dtype, world) that the tuning table does not name. Each rank
-    /// reserves `3·W` slots of the power of two at least twice [`Config::low_latency_limit`]
-    /// (at least 16 KiB each).
+    /// reserves `3·W` slots of the power of two at least eight times
+    /// [`Config::low_latency_limit`] (at least 64 KiB each).
     pub low_latency_max_bytes: usize,
     /// Bound on every wait for a peer. Expiry poisons the communicator and surfaces as
     /// [`Error::PeerTimeout`].

@@ -59,10 +59,10 @@ pub struct Layout {
     /// threshold, at most the capacity) rounded up to whole 16-byte lines (each line carries
     /// 16 payload bytes).
     pub ll_capacity_bytes: usize,
-    /// Bytes of one low-latency slot: a power of two, at least twice `ll_capacity_bytes` and
-    /// at least 16 KiB. A call's lines lie in it rotated by an amount that grows with the
-    /// call's length (see `docs/design.md`, "Calls that cannot disagree"): a ring at least
-    /// twice the largest message.
+    /// Bytes of one low-latency slot: a power of two, at least eight times
+    /// `ll_capacity_bytes` and at least 64 KiB. A call's lines lie in it rotated by whole cache
+    /// lines, by an amount that grows with the call's length (see `docs/design.md`, "Calls
+    /// that cannot disagree"): a ring at least eight times the largest message.
     pub ll_slot_bytes: usize,
     /// Offset of the symmetric pool inside each rank's allocation (4 KiB aligned).
     pub pool_offset: usize,
