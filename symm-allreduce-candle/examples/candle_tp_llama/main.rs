@@ -441,22 +441,24 @@ impl Pacer {
         })
     }
 
-    /// After a step has been enqueued.
+    /// After a step has been enqueued: waits for the step `max_ahead` back, then marks this
+    /// one, reusing that step's event once `max_ahead` are in flight (no event made per step).
     fn step_done(&mut self) -> Res<()> {
         if self.max_ahead == 0 {
             return Ok(());
         }
-        use symm_allreduce::cudarc::driver::sys::CUevent_flags;
-        self.pending.push_back(
+        let event = if self.pending.len() >= self.max_ahead {
+            let oldest = self.pending.pop_front().ok_or("the pacer lost its events")?;
+            // Ends: the collectives in it end within the communicator's timeout.
+            oldest.synchronize()?;
+            oldest.record(&self.stream)?;
+            oldest
+        } else {
+            use symm_allreduce::cudarc::driver::sys::CUevent_flags;
             self.stream
-                .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))?,
-        );
-        if self.pending.len() > self.max_ahead {
-            if let Some(e) = self.pending.pop_front() {
-                // Ends: the collectives in it end within the communicator's timeout.
-                e.synchronize()?;
-            }
-        }
+                .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))?
+        };
+        self.pending.push_back(event);
         Ok(())
     }
 }
