@@ -179,6 +179,18 @@ pub struct Config {
     /// small messages use fewer anyway (one thread per 16-byte pack). A lone rank moves
     /// 64 MiB at 0.81 × copy speed with 64 blocks, 0.54 × with 32 (H200, two-shot).
     pub max_blocks_per_rank: usize,
+    /// Where ranks share a device (virtual ranks, or processes on one GPU under MPS), the
+    /// percentage of its SMs that all their collective blocks together may take (1..=100,
+    /// default 25): each rank launches at most `sms · percent / 100 / ranks` blocks (at least
+    /// one). A collective waits on the device for its peers, and a peer on the same device may
+    /// still be running the work queued before its own collective (a GEMM that needs many SMs
+    /// at once); the share left free lets that work finish, so the peer gets to its
+    /// collective. Measured with candle's tensor-parallel Llama at four virtual ranks on one
+    /// H100 (132 SMs), batch 32: 33 blocks a rank stalled every run until the timeout, 8 ran
+    /// every time. 100: as many blocks as can be resident (a benchmark of the collectives
+    /// alone, with nothing else on the device: `symm-bench --virtual` uses it). No effect on
+    /// a rank that has its device to itself.
+    pub shared_sm_percent: u32,
     /// `Auto` uses the barrier-free low-latency kernel up to this many bytes (inclusive;
     /// 0 turns it off) for a (dtype, world) that the tuning table does not name. Each rank
     /// reserves `3·W` slots of the power of two at least eight times
@@ -307,6 +319,7 @@ impl Default for Config {
             algorithm: Algorithm::Auto,
             one_shot_max_bytes: None,
             max_blocks_per_rank: MAX_BLOCKS,
+            shared_sm_percent: 25,
             low_latency_max_bytes: 32 << 10,
             timeout: Duration::from_secs(10),
             nccl_above_bytes: None,
@@ -371,6 +384,12 @@ impl Config {
             return Err(Error::InvalidConfig(format!(
                 "max_blocks_per_rank must be in 1..={MAX_BLOCKS}, got {}",
                 self.max_blocks_per_rank
+            )));
+        }
+        if !(1..=100).contains(&self.shared_sm_percent) {
+            return Err(Error::InvalidConfig(format!(
+                "shared_sm_percent must be in 1..=100, got {}",
+                self.shared_sm_percent
             )));
         }
         if self.timeout.is_zero() || self.timeout > Duration::from_secs(3600) {
@@ -588,6 +607,7 @@ impl Config {
             algorithm,
             one_shot_max_bytes,
             max_blocks_per_rank,
+            shared_sm_percent,
             low_latency_max_bytes,
             timeout,
             nccl_above_bytes,
@@ -608,6 +628,7 @@ impl Config {
             .put(&(*algorithm as u8))
             .put(one_shot_max_bytes)
             .put(max_blocks_per_rank)
+            .put(shared_sm_percent)
             .put(low_latency_max_bytes)
             .put(&(timeout.as_nanos().min(u64::MAX as u128) as u64))
             .put(nccl_above_bytes)
@@ -648,6 +669,14 @@ mod tests {
             },
             Config {
                 max_blocks_per_rank: 65,
+                ..Config::default()
+            },
+            Config {
+                shared_sm_percent: 0,
+                ..Config::default()
+            },
+            Config {
+                shared_sm_percent: 101,
                 ..Config::default()
             },
             Config {

@@ -65,11 +65,12 @@ macro_rules! with_type {
 }
 
 /// The names of every `Config` field, as keyword arguments.
-const CONFIG_KEYS: [&str; 18] = [
+const CONFIG_KEYS: [&str; 19] = [
     "capacity_bytes",
     "algorithm",
     "one_shot_max_bytes",
     "max_blocks_per_rank",
+    "shared_sm_percent",
     "low_latency_max_bytes",
     "timeout",
     "nccl_above_bytes",
@@ -94,6 +95,7 @@ const _: fn(Config) = |c| {
         algorithm: _,
         one_shot_max_bytes: _,
         max_blocks_per_rank: _,
+        shared_sm_percent: _,
         low_latency_max_bytes: _,
         timeout: _,
         nccl_above_bytes: _,
@@ -208,6 +210,7 @@ fn parse_config(options: Option<&Bound<'_, PyDict>>) -> PyResult<Config> {
             "algorithm" => c.algorithm = parse_algorithm(&value.extract::<String>().map_err(bad)?)?,
             "one_shot_max_bytes" => c.one_shot_max_bytes = value.extract().map_err(bad)?,
             "max_blocks_per_rank" => c.max_blocks_per_rank = value.extract().map_err(bad)?,
+            "shared_sm_percent" => c.shared_sm_percent = value.extract().map_err(bad)?,
             "low_latency_max_bytes" => c.low_latency_max_bytes = value.extract().map_err(bad)?,
             "timeout" => {
                 let seconds: f64 = value.extract().map_err(bad)?;
@@ -251,6 +254,7 @@ fn config_dict<'py>(py: Python<'py>, c: &Config) -> PyResult<Bound<'py, PyDict>>
     d.set_item("algorithm", c.algorithm.name())?;
     d.set_item("one_shot_max_bytes", c.one_shot_max_bytes)?;
     d.set_item("max_blocks_per_rank", c.max_blocks_per_rank)?;
+    d.set_item("shared_sm_percent", c.shared_sm_percent)?;
     d.set_item("low_latency_max_bytes", c.low_latency_max_bytes)?;
     d.set_item("timeout", c.timeout.as_secs_f64())?;
     d.set_item("nccl_above_bytes", c.nccl_above_bytes)?;

@@ -33,11 +33,13 @@ def test_config_defaults_and_every_field():
     assert c["capacity_bytes"] == 64 << 20
     assert c["algorithm"] == "auto" and c["multicast"] == "off"
     assert c["timeout"] == 10.0 and c["reproducible"] is True
+    assert c["shared_sm_percent"] == 25
     given = dict(
         capacity_bytes=1 << 20,
         algorithm="two_shot",
         one_shot_max_bytes=4096,
         max_blocks_per_rank=16,
+        shared_sm_percent=100,
         low_latency_max_bytes=0,
         timeout=2.5,
         nccl_above_bytes=1 << 19,
@@ -63,6 +65,8 @@ def test_algorithm_aliases():
     [
         ({"max_blocks_per_rank": 0}, "max_blocks_per_rank must be in 1..=64, got 0"),
         ({"max_blocks_per_rank": 65}, "max_blocks_per_rank"),
+        ({"shared_sm_percent": 0}, "shared_sm_percent must be in 1..=100, got 0"),
+        ({"shared_sm_percent": 101}, "shared_sm_percent"),
         ({"timeout": 0.0}, "timeout must be in (0, 1 h]"),
         ({"timeout": 7200}, "timeout must be in (0, 1 h]"),
         ({"timeout": -1.0}, "timeout"),

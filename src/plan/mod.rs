@@ -53,7 +53,8 @@ pub(crate) const fn kernel_for(algorithm: Algorithm) -> Option<Kernel> {
 }
 
 /// Per-kernel block limits agreed at setup: the most blocks per rank for which every rank's
-/// blocks can be resident at once (a barrier needs all of them running).
+/// blocks can be resident at once (a barrier needs all of them running) and, where ranks
+/// share a device, the rest of each rank's work can still run beside them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// One-shot kernel.
@@ -63,8 +64,13 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// From the occupancy of each kernel: `blocks_per_sm · sms / ranks_sharing_the_device`,
-    /// capped by the signal slots and the configuration.
+    /// From the occupancy of each kernel: `blocks_per_sm · sms / ranks_sharing_the_device`
+    /// (every rank's blocks resident at once), capped by the signal slots and the
+    /// configuration, and, where ranks share a device, by `sms · shared_sm_percent / 100 /
+    /// ranks_sharing_the_device` (at least one): while all but one of those ranks wait in a
+    /// collective, the rest of the SMs stay free for that rank's earlier work (a GEMM), so
+    /// it reaches its collective ([`Config::shared_sm_percent`]). One rank per device is not
+    /// limited by it.
     pub fn from_occupancy(
         one_shot_per_sm: usize,
         two_shot_per_sm: usize,
@@ -72,7 +78,17 @@ impl Limits {
         ranks_per_device: usize,
         config: &Config,
     ) -> Result<Self> {
-        let cap = |per_sm: usize| (per_sm * sms / ranks_per_device.max(1)).min(config.max_blocks_per_rank);
+        let ranks = ranks_per_device.max(1);
+        let shared_cap = if ranks > 1 {
+            (sms * config.shared_sm_percent as usize / 100 / ranks).max(1)
+        } else {
+            usize::MAX
+        };
+        let cap = |per_sm: usize| {
+            (per_sm * sms / ranks)
+                .min(shared_cap)
+                .min(config.max_blocks_per_rank)
+        };
         let limits = Limits {
             one_shot_blocks: cap(one_shot_per_sm),
             two_shot_blocks: cap(two_shot_per_sm),
@@ -81,8 +97,9 @@ impl Limits {
             return Err(Error::InvalidWorldSize {
                 world: ranks_per_device,
                 reason: format!(
-                    "{ranks_per_device} ranks on one device cannot all keep a block resident \
-                     ({sms} SMs, {one_shot_per_sm}/{two_shot_per_sm} blocks per SM)"
+                    "{ranks_per_device} ranks on one device cannot each keep a block resident with \
+                     SMs to spare ({sms} SMs, {one_shot_per_sm}/{two_shot_per_sm} blocks per SM): \
+                     use fewer ranks per device"
                 ),
             });
         }
@@ -131,26 +148,73 @@ mod tests {
 
     #[test]
     fn limits_account_for_ranks_sharing_a_device() {
-        let c = Config::default();
-        let l = Limits::from_occupancy(2, 1, 132, 8, &c).unwrap();
-        assert_eq!(l.one_shot_blocks, 33); // 2*132/8
-        let capped = Config {
-            max_blocks_per_rank: 32,
+        let full = Config {
+            shared_sm_percent: 100,
             ..Config::default()
+        };
+        let l = Limits::from_occupancy(2, 1, 132, 8, &full).unwrap();
+        assert_eq!(l.one_shot_blocks, 16); // 132/8: one block per SM between them
+        assert_eq!(l.two_shot_blocks, 16); // 1·132/8
+        let capped = Config {
+            max_blocks_per_rank: 12,
+            ..full.clone()
         };
         assert_eq!(
             Limits::from_occupancy(2, 1, 132, 8, &capped)
                 .unwrap()
                 .one_shot_blocks,
-            32
+            12
         );
-        assert_eq!(l.two_shot_blocks, 16); // 132/8
-        let l1 = Limits::from_occupancy(2, 1, 132, 1, &c).unwrap();
+        let l1 = Limits::from_occupancy(2, 1, 132, 1, &full).unwrap();
         assert_eq!(l.min(l1), l);
-        assert!(Limits::from_occupancy(1, 1, 4, 8, &c).is_err());
-        assert_eq!(l.blocks(Family::OneShot), 33);
+        assert!(Limits::from_occupancy(1, 1, 4, 8, &full).is_err());
+        assert_eq!(l.blocks(Family::OneShot), 16);
         assert_eq!(l.blocks(Family::TwoShot), 16);
-        // A lone rank: the signal slots' 64 blocks.
+        // A lone rank: occupancy and the signal slots' 64 blocks only, whatever the share.
         assert_eq!(l1.two_shot_blocks, 64);
+        let c = Config::default();
+        assert_eq!(
+            Limits::from_occupancy(4, 4, 132, 1, &c).unwrap().one_shot_blocks,
+            64
+        );
+        // The default share, a quarter of the SMs: 132/4/8 = 4 blocks a rank at W = 8, 8 at
+        // W = 4 (what candle's tensor-parallel Llama needed at batch 32), 16 at W = 2.
+        for (ranks, blocks) in [(8, 4), (4, 8), (2, 16)] {
+            let l = Limits::from_occupancy(4, 4, 132, ranks, &c).unwrap();
+            assert_eq!(
+                (l.one_shot_blocks, l.two_shot_blocks),
+                (blocks, blocks),
+                "{ranks} ranks"
+            );
+        }
+        // At least one block, where the share rounds to none.
+        assert_eq!(
+            Limits::from_occupancy(4, 4, 16, 8, &c).unwrap().one_shot_blocks,
+            1
+        );
+    }
+
+    #[test]
+    fn ranks_sharing_a_device_leave_sms_to_the_last_one() {
+        for percent in [1, 25, 50, 100] {
+            let c = Config {
+                shared_sm_percent: percent,
+                ..Config::default()
+            };
+            for sms in [16, 78, 108, 132, 144] {
+                for ranks in 2..=8 {
+                    let Ok(l) = Limits::from_occupancy(4, 4, sms, ranks, &c) else {
+                        continue;
+                    };
+                    for blocks in [l.one_shot_blocks, l.two_shot_blocks] {
+                        // Every rank's blocks fit at once, and all ranks' blocks together
+                        // take at most the share (or one block a rank).
+                        assert!(ranks * blocks <= 4 * sms, "{sms} SMs, {ranks} ranks");
+                        assert!(blocks == 1 || 100 * ranks * blocks <= percent as usize * sms);
+                        assert!(blocks >= 1);
+                    }
+                }
+            }
+        }
     }
 }

@@ -235,6 +235,14 @@ pub struct Args {
     #[arg(long = "no-early-trigger")]
     pub no_early_trigger: bool,
 
+    /// `Config::shared_sm_percent` where ranks share a GPU (`--virtual`): the share of its SMs
+    /// all ranks' blocks may take together. Default 100 (every SM): the virtual ranks stand
+    /// in for a GPU per rank, where no share applies, and nothing but the collectives runs.
+    /// The library's default, 25, keeps SMs free for a rank's other kernels (a GEMM).
+    #[arg(long = "shared-sm-percent", value_name = "PERCENT", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub shared_sm_percent: u32,
+
     /// Also time a producer kernel → all-reduce chain at each size (threads launcher, not with
     /// --tune): per rank, an ordinary copy kernel standing for the GEMM that writes the
     /// all-reduce's input, then `all_reduce_with(.., Auto)`, with PDL on (rows `chain_pdl`) and
@@ -692,6 +700,8 @@ pub struct RunPlan {
     pub pdl: bool,
     /// `Config::early_trigger` for the run (off with `--no-early-trigger`).
     pub early_trigger: bool,
+    /// `Config::shared_sm_percent` for the run (`--shared-sm-percent`).
+    pub shared_sm_percent: u32,
     /// `Config::check_divergence` for the run (`--check-divergence`).
     pub check_divergence: bool,
     /// `--collectives`, in flag order, without repeats.
@@ -727,6 +737,7 @@ impl RunPlan {
                 .unwrap_or(symm_allreduce::Config::default().low_latency_max_bytes),
             pdl: !args.no_pdl,
             early_trigger: !args.no_early_trigger,
+            shared_sm_percent: args.shared_sm_percent,
             check_divergence: args.check_divergence,
             producer_chain: args.producer_chain,
             check: args.check == 1,
@@ -753,6 +764,7 @@ impl RunPlan {
             low_latency_max_bytes: self.low_latency_max,
             pdl: self.pdl,
             early_trigger: self.early_trigger,
+            shared_sm_percent: self.shared_sm_percent,
             check_divergence: self.check_divergence,
             // The `pool` rows reduce one pool buffer of the message size.
             pool_bytes: if self.algos.contains(&AlgoChoice::Pool) {

@@ -236,9 +236,11 @@ fn run(args: &Args) -> Result<ExitCode, Stop> {
     }
     let title = match placement {
         Placement::Virtual { device } => format!(
-            "W={} virtual ranks on device {device} ({})",
+            "W={} virtual ranks on device {device} ({}), their blocks on up to {}% of its SMs \
+             (--shared-sm-percent)",
             args.world,
-            meta.devices.join(", ")
+            meta.devices.join(", "),
+            plan.shared_sm_percent
         ),
         Placement::PerGpu => format!("W={}, one rank per GPU", args.world),
     };

@@ -663,6 +663,7 @@ pub fn run(args: &Args, out: &Path) -> Result<ExitCode, Stop> {
             low_latency_max: LL_TUNE_MAX.min(capacity),
             pdl: !args.no_pdl,
             early_trigger: !args.no_early_trigger,
+            shared_sm_percent: args.shared_sm_percent,
             check_divergence: false,
             collectives: vec![crate::args::CollectiveChoice::AllReduce],
             producer_chain: false,

@@ -250,7 +250,11 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     elem = torch.empty((), dtype=dtype).element_size()
     sizes = _parse_sizes(args.sizes)
     kind, algo = int(_native.dtype_code(str(dtype))), _algorithm_code(args.algo)
-    comms = local_group(args.world, args.device, capacity_bytes=max(sizes), pool_bytes=0)
+    # Every SM the ranks' blocks can use, as symm-bench --virtual: the virtual ranks stand in
+    # for a GPU per rank, and nothing but the collectives runs (Config::shared_sm_percent).
+    comms = local_group(
+        args.world, args.device, capacity_bytes=max(sizes), pool_bytes=0, shared_sm_percent=100
+    )
     streams = [torch.cuda.Stream(args.device) for _ in comms]
     timer = _Timer(torch, streams)
     rows = []

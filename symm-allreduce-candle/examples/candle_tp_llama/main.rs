@@ -98,6 +98,9 @@ struct Args {
     /// The communicators' bound on every wait for a peer, in seconds.
     #[arg(long, default_value_t = 10)]
     timeout: u64,
+    /// The communicators' `Config::max_blocks_per_rank` (default: the library's).
+    #[arg(long)]
+    max_blocks: Option<usize>,
 }
 
 #[derive(serde::Deserialize, Debug, Clone)]
@@ -742,9 +745,11 @@ fn run_world(world: usize, ctx: &Ctx, with_comm: bool) -> Res<Vec<Vec<Measured>>
         unsafe { d.as_cuda_device()?.disable_event_tracking() };
     }
     let comms: Vec<Option<SymmComm>> = if with_comm {
+        let defaults = Config::default();
         let config = Config {
             timeout: std::time::Duration::from_secs(ctx.args.timeout),
-            ..Config::default()
+            max_blocks_per_rank: ctx.args.max_blocks.unwrap_or(defaults.max_blocks_per_rank),
+            ..defaults
         };
         SymmComm::local_group(&devices, config)?
             .into_iter()
