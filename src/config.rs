@@ -187,9 +187,9 @@ pub struct Config {
     /// at once); the share left free lets that work finish, so the peer gets to its
     /// collective. Measured with candle's tensor-parallel Llama at four virtual ranks on one
     /// H100 (132 SMs), batch 32: 33 blocks a rank stalled every run until the timeout, 8 ran
-    /// every time. 100: as many blocks as can be resident (a benchmark of the collectives
-    /// alone, with nothing else on the device: `symm-bench --virtual` uses it). No effect on
-    /// a rank that has its device to itself.
+    /// every time. 100: the ranks' blocks may cover every SM, `sms / ranks` a rank (a
+    /// benchmark of the collectives alone, with nothing else on the device: `symm-bench
+    /// --virtual` uses it). No effect on a rank that has its device to itself.
     pub shared_sm_percent: u32,
     /// `Auto` uses the barrier-free low-latency kernel up to this many bytes (inclusive;
     /// 0 turns it off) for a (dtype, world) that the tuning table does not name. Each rank
