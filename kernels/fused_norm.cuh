@@ -30,7 +30,7 @@ struct NormArgs {
     uint32_t tokens;
     uint32_t hidden;    // a multiple of the dtype's elements per 16-byte pack
     float eps;
-    uint32_t reserved;
+    uint32_t cluster;   // the fused low-latency kernel: blocks per row (a thread-block cluster); else 1
 };
 
 static_assert(sizeof(NormArgs) == 48, "NormArgs: four u64, two u32, f32, u32");
@@ -38,18 +38,33 @@ static_assert(sizeof(NormArgs) == 48, "NormArgs: four u64, two u32, f32, u32");
 constexpr uint32_t NORM_THREADS = 512;
 static_assert(NORM_THREADS == THREADS, "the fused kernels use the common block size (plan/grid.rs)");
 
+// The fixed tree, stage 1: one warp's 32 floats summed by shuffle-down 16, 8, 4, 2, 1; lane 0
+// holds the warp's sum.
+__device__ __forceinline__ float warp_sum_fixed(float v) {
+#pragma unroll
+    for (uint32_t off = 16; off > 0; off >>= 1) v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, off));
+    return v;
+}
+
+// The fixed tree, stage 2: the 16 warp sums `red[0..16)` summed by the same shuffle-down tree
+// over one warp (lanes 16..31 add zeros); every lane of the calling warp gets lane 0's total.
+__device__ __forceinline__ float warp_sums_total_fixed(const float* red) {
+    const uint32_t lane = threadIdx.x % 32;
+    float w = lane < NORM_THREADS / 32 ? red[lane] : 0.0f;
+#pragma unroll
+    for (uint32_t off = 16; off > 0; off >>= 1) w = __fadd_rn(w, __shfl_down_sync(0xffffffffu, w, off));
+    return __shfl_sync(0xffffffffu, w, 0);
+}
+
 // Sum of one float per thread of a 512-thread block by the fixed tree; every thread gets
 // the total. `red` is 17 floats of shared memory.
 __device__ __forceinline__ float block_sum_fixed(float v, float* red) {
-#pragma unroll
-    for (uint32_t off = 16; off > 0; off >>= 1) v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, off));
+    v = warp_sum_fixed(v);
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (lane == 0) red[warp] = v;
     __syncthreads();
     if (warp == 0) {
-        float w = lane < NORM_THREADS / 32 ? red[lane] : 0.0f;
-#pragma unroll
-        for (uint32_t off = 16; off > 0; off >>= 1) w = __fadd_rn(w, __shfl_down_sync(0xffffffffu, w, off));
+        const float w = warp_sums_total_fixed(red);
         if (lane == 0) red[16] = w;
     }
     __syncthreads();
@@ -139,50 +154,202 @@ __device__ __forceinline__ void fused_one_shot(const NormArgs& f, const SymmArgs
     end_call(a, epoch);
 }
 
-// Fused low-latency: no barrier, the lines carry the synchronisation (one_shot_ll's protocol).
-// Every rank pushes its partial sums as 16-byte lines (line row * packs + k, canonicalised by
-// `wire_pack`) into its slot of every peer's low-latency buffer `epoch % 3`. Then each block
-// takes its rows: every thread waits for the lines of its packs, sums them in rank order with
-// `ll_reduce_line` (its own contribution from its input; the lines re-armed) and parks the
-// rounded sum in this rank's `norm_out`, where the epilogue's first pass reads it back (the
-// same thread, the same pack) before its second pass overwrites it. The sums are those of
-// every other algorithm and the epilogue is the same, so the bits are too. A wait that failed
-// stops the block before the row's epilogue: the residual of that row and of every later row
-// of the block is left as it was. The three-buffer argument of `one_shot_ll` holds unchanged:
-// every rank writes and reads the same lines, and every line read is re-armed before the call
-// ends.
+// The elements of a 32-bit word in fp32, and back (rounded once each).
+template <typename T>
+__device__ __forceinline__ void word_to_float(uint32_t w, float (&v)[4 / sizeof(T)]) {
+    if constexpr (sizeof(T) == 4) {
+        v[0] = __uint_as_float(w);
+    } else {
+        const float2 p = Elem<T>::widen(w);
+        v[0] = p.x;
+        v[1] = p.y;
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t float_to_word(const float (&v)[4 / sizeof(T)]) {
+    union {
+        uint32_t bits;
+        T elems[4 / sizeof(T)];
+    } r;
+#pragma unroll
+    for (uint32_t e = 0; e < 4 / sizeof(T); ++e) r.elems[e] = Elem<T>::from_float(v[e]);
+    return r.bits;
+}
+
+// The most 16-byte packs of a row one block of the fused low-latency kernel keeps in shared
+// memory (8 KiB); a larger share is read back from the residual it has just written.
+constexpr uint32_t FUSED_LL_STASH_PACKS = 512;
+
+// A refused call's block in a cluster of the fused low-latency kernel: the barriers of the
+// cluster's first row with its failure flag set (so every block of the cluster stops after
+// that row), touching no global memory.
+__device__ __forceinline__ void fused_ll_stand_down(float (&red)[2][24], uint32_t cluster) {
+    cluster_wait();
+    if (threadIdx.x == 0) {
+        for (uint32_t k = 0; k < cluster; ++k) st_cluster_f32(&red[0][16 + blockIdx.x % cluster], k, 1.0f);
+    }
+    cluster_sync();
+}
+
+// Fused low-latency: no barrier between ranks, the words carry the synchronisation (the
+// protocol of `ll_all_reduce_word`), and a row is spread over the `f.cluster` blocks of a
+// thread-block cluster (one block where the device has no clusters).
+//
+// Ownership keeps the bits of the one-block tree: the row's sum of squares is the fixed tree
+// over 512 *virtual* threads (virtual thread v accumulates packs v, v + 512, ... in index
+// order, the warp sums of the 16 virtual warps are summed by the same tree). Block c of a
+// cluster of C owns virtual threads [c·512/C, (c+1)·512/C) — 16/C whole virtual warps — and
+// with them their packs. Its threads first handle those packs a 32-bit word each (local word
+// m is word m % 4 of local pack m / 4; local pack q is pack c·512/C + q % (512/C) + 512·(q /
+// (512/C)), so neighbouring threads touch neighbouring words): push the word of this rank's
+// input into every peer's slot, then per row poll every peer's word, sum in rank order (the
+// all-reduce's arithmetic), re-arm, add the residual (rounded, written back) and keep the
+// result in shared memory (or, past 512 packs per block, read it back from the residual). Then the block's first 512/C threads run their virtual threads'
+// chains over shared memory, each warp of them sums its 32 chains (`warp_sum_fixed`) and
+// stores the virtual warp's sum into every block of the cluster (distributed shared memory);
+// after one cluster barrier every warp sums the 16 (`warp_sums_total_fixed`) and the block
+// writes its words of the normalised row. The sums, the residual and the tree are those of
+// every other fused kernel and of the unfused pair, so the bits are too.
+//
+// Rows: cluster k of K takes rows k, k + K, ... (every block of a cluster the same rows). Each
+// row costs one cluster barrier; the sums of the two rows in flight sit in two halves of `red`
+// (a block can be one row ahead of another, never two). A failed wait in any block sets its
+// flag for the row, every block reads all C flags after the barrier, and the whole cluster
+// stops at that row (the residual of that row and of every later row left as it was). The
+// entry barrier (arrive at the top, wait before the first remote store) makes sure every
+// block of the cluster runs before anything is stored into its shared memory. A refused
+// call (`begin_call`: poison, exhausted epochs, a failed divergence check; decided per block)
+// still takes part in the cluster's barriers, touching no global memory, so blocks of one
+// cluster that decided differently neither wait for an exited block nor store into one.
+//
+// The low-latency region: the words are those of the lines (word 4l + k of line l = row ·
+// packs + pack), each block reads exactly the words of its own packs, which every peer's
+// same-shaped call writes, and re-arms each, so `one_shot_ll`'s three-buffer argument holds
+// unchanged, whatever the cluster size on each rank.
 template <typename T>
 __device__ __forceinline__ void fused_low_latency(const NormArgs& f, const SymmArgs& a) {
-    __shared__ float red[17];
+    constexpr uint32_t PER_WORD = 4 / sizeof(T);
+    constexpr uint32_t NOT_ARRIVED = 0xffffffffu;
+    // [row parity][0..16): the virtual warps' sums; [16 + c]: block c's failure flag.
+    __shared__ float red[2][24];
+    __shared__ uint4 stash[FUSED_LL_STASH_PACKS];
+    const uint32_t cluster = f.cluster;
+    const uint32_t c = blockIdx.x % cluster;
+    cluster_arrive_relaxed();
     const uint64_t epoch = begin_call(a);
-    if (epoch == 0) return;
+    if (epoch == 0) return fused_ll_stand_down(red, cluster);
     const uint32_t buffer = static_cast<uint32_t>(epoch % LL_BUFFERS);
     const uint32_t packs = f.hidden / Elem<T>::PER_PACK;
-    const uint4* src = reinterpret_cast<const uint4*>(f.input);
-    uint4* sums = reinterpret_cast<uint4*>(f.norm_out);
+    const uint32_t nv = NORM_THREADS / cluster;  // this block's virtual threads
+    const uint32_t stripes = (packs + NORM_THREADS - 1) / NORM_THREADS;
+    const uint32_t local_words = nv * stripes * 4;
+    const uint32_t first_row = blockIdx.x / cluster, row_step = gridDim.x / cluster;
+    const uint32_t* in = reinterpret_cast<const uint32_t*>(f.input);
+    uint32_t* res = reinterpret_cast<uint32_t*>(f.residual);
+    uint32_t* out = reinterpret_cast<uint32_t*>(f.norm_out);
+    const uint32_t* weight = reinterpret_cast<const uint32_t*>(f.weight);
+    uint32_t* words = reinterpret_cast<uint32_t*>(stash);
+    // Where this block's share of a row does not fit `stash` (a row of more than 512 packs
+    // per block: no clusters, or a small block limit), the residual row just written is read
+    // back instead (this block's own global stores, visible to it after `__syncthreads`).
+    const bool stashed = local_words <= FUSED_LL_STASH_PACKS * 4;
+    const uint4* res_packs = reinterpret_cast<const uint4*>(f.residual);
     const UnicastColl coll(a, 0);
+    // Local word m -> the word's index in the row (pack * 4 + k), or ~0u past the row.
+    const auto row_word = [&](uint32_t m) {
+        const uint32_t q = m / 4;
+        const uint32_t pack = c * nv + q % nv + NORM_THREADS * (q / nv);
+        return pack < packs ? pack * 4 + m % 4 : ~0u;
+    };
 
-    for (uint64_t row = blockIdx.x; row < f.tokens; row += gridDim.x) {
-        for (uint32_t k = threadIdx.x; k < packs; k += NORM_THREADS) {
-            const uint64_t l = row * packs + k;
-            coll.broadcast_line(buffer, l, as_words(wire_pack(src[l])));
+    for (uint64_t row = first_row; row < f.tokens; row += row_step) {
+        for (uint32_t m = threadIdx.x; m < local_words; m += blockDim.x) {
+            const uint32_t w = row_word(m);
+            if (w != ~0u) coll.broadcast_word(buffer, row * packs * 4 + w, wire_word(in[row * packs * 4 + w]));
         }
     }
-    for (uint64_t row = blockIdx.x; row < f.tokens; row += gridDim.x) {
+    const uint64_t slot = a.ll_slot_bytes / sizeof(uint32_t);
+    uint32_t parity = 0;
+    for (uint64_t row = first_row; row < f.tokens; row += row_step, parity ^= 1) {
+        const uint64_t base = row * packs * 4;
         int failed = 0;
-        for (uint32_t k = threadIdx.x; k < packs; k += NORM_THREADS) {
-            const uint64_t l = row * packs + k;
-            uint4 s;
-            if (ll_reduce_line<T>(a, buffer, l, src[l], s)) {
-                sums[l] = s;
-            } else {
+        for (uint32_t m = threadIdx.x; m < local_words; m += blockDim.x) {
+            const uint32_t w = row_word(m);
+            if (w == ~0u || failed) continue;
+            const uint32_t residual = res[base + w];
+            uint32_t* source0 = ll_word(a, a.rank, buffer, 0, base + w);
+            uint32_t got[MAX_RANKS];
+            if (!ll_poll_peers(a, source0, slot, [](uint32_t x) { return x != NOT_ARRIVED; }, got)) {
                 failed = 1;
+                continue;
+            }
+            const uint32_t own = in[base + w];
+            float acc[PER_WORD], v[PER_WORD], r[PER_WORD];
+#pragma unroll
+            for (uint32_t q = 0; q < MAX_RANKS; ++q) {
+                if (q < a.world) {
+                    word_to_float<T>(q == a.rank ? own : got[q], v);
+#pragma unroll
+                    for (uint32_t e = 0; e < PER_WORD; ++e) acc[e] = q == 0 ? v[e] : acc[e] + v[e];
+                }
+            }
+#pragma unroll
+            for (uint32_t q = 0; q < MAX_RANKS; ++q) {
+                if (q < a.world && q != a.rank) st_relaxed_sys_u32(source0 + q * slot, NOT_ARRIVED);
+            }
+            // The rounded sum (the all-reduce's output), then residual + sum rounded.
+            word_to_float<T>(float_to_word<T>(acc), v);
+            word_to_float<T>(residual, r);
+#pragma unroll
+            for (uint32_t e = 0; e < PER_WORD; ++e) r[e] = __fadd_rn(r[e], v[e]);
+            const uint32_t sum = float_to_word<T>(r);
+            res[base + w] = sum;
+            if (stashed) words[m] = sum;
+        }
+        failed = __syncthreads_or(failed);
+
+        // This block's virtual threads: their chains, in index order, over shared memory.
+        float ss = 0.0f;
+        if (threadIdx.x < nv) {
+            for (uint32_t j = 0; j < stripes; ++j) {
+                if (c * nv + threadIdx.x + NORM_THREADS * j >= packs) break;
+                float x[Elem<T>::PER_PACK];
+                const uint32_t q = threadIdx.x + nv * j;
+                pack_to_float<T>(stashed ? stash[q] : res_packs[row * packs + c * nv + threadIdx.x + NORM_THREADS * j], x);
+#pragma unroll
+                for (uint32_t e = 0; e < Elem<T>::PER_PACK; ++e) ss = __fmaf_rn(x[e], x[e], ss);
             }
         }
-        if (__syncthreads_or(failed)) break;
-        add_rmsnorm_row<T>(f, row, [&](uint32_t k) { return sums[row * packs + k]; }, red);
+        ss = warp_sum_fixed(ss);
+        if (row == first_row) cluster_wait();  // the entry barrier: every block of the cluster runs
+        if (threadIdx.x < nv && threadIdx.x % 32 == 0) {
+            const uint32_t vw = c * (nv / 32) + threadIdx.x / 32;
+            for (uint32_t k = 0; k < cluster; ++k) st_cluster_f32(&red[parity][vw], k, ss);
+        }
+        if (threadIdx.x == 0) {
+            for (uint32_t k = 0; k < cluster; ++k) st_cluster_f32(&red[parity][16 + c], k, failed ? 1.0f : 0.0f);
+        }
+        cluster_sync();
+        bool any_failed = false;
+        for (uint32_t k = 0; k < cluster; ++k) any_failed |= red[parity][16 + k] != 0.0f;
+        if (any_failed) break;
+        const float total = warp_sums_total_fixed(red[parity]);
+        const float inv =
+            __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(total, static_cast<float>(f.hidden)), f.eps)));
+        for (uint32_t m = threadIdx.x; m < local_words; m += blockDim.x) {
+            const uint32_t w = row_word(m);
+            if (w == ~0u) continue;
+            float r[PER_WORD], g[PER_WORD];
+            word_to_float<T>(stashed ? words[m] : res[base + w], r);
+            word_to_float<T>(__ldg(weight + w), g);
+#pragma unroll
+            for (uint32_t e = 0; e < PER_WORD; ++e) r[e] = __fmul_rn(round_to<T>(__fmul_rn(r[e], inv)), g[e]);
+            out[base + w] = float_to_word<T>(r);
+        }
+        __syncthreads();  // `stash` is refilled by the next row
     }
-    // Every peer's lines for this call have arrived: the next kernel may start launching.
+    // Every peer's words for this block's rows have arrived: the next kernel may start launching.
     pdl_trigger(a);
     end_call(a, epoch);
 }

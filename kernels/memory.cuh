@@ -100,4 +100,47 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// Thread-block clusters (sm_90+): the fused low-latency kernel spreads a row over the blocks
+// of a cluster and sums its squares through distributed shared memory. On older parts (and
+// in any launch without a cluster attribute) a cluster is one block: the barrier is the
+// block's `__syncthreads` and a store to "rank 0" is a store to the block's own shared memory.
+// The barriers are the `.aligned` forms: every thread of the block executes each of them.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+    __syncthreads();
+#endif
+}
+
+// Every thread's shared-memory stores before it (its own and, through the earlier barriers,
+// those it has seen) are visible to every thread of the cluster after it.
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+    __syncthreads();
+#endif
+}
+
+// Stores `v` at the address of `local` (this block's shared memory) in the shared memory of
+// block `rank` of the cluster.
+__device__ __forceinline__ void st_cluster_f32(float* local, uint32_t rank, float v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint32_t mine = static_cast<uint32_t>(__cvta_generic_to_shared(local));
+    uint32_t theirs;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(theirs) : "r"(mine), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(theirs), "f"(v) : "memory");
+#else
+    (void)rank;
+    *local = v;
+#endif
+}
+
 }  // namespace symm

@@ -296,9 +296,10 @@ fn calls_alternating_between_two_streams_stay_ordered(ctx: Arc<CudaContext>) {
     }
 }
 
-/// Rank 1 never calls; rank 0 replays a captured graph of 20 all-reduces. The first wait
-/// times out and poisons the group, so every later all-reduce of the replay — and every later
-/// replay — returns at once: the replay takes about one timeout, not twenty.
+/// Rank 1 never calls; rank 0 replays a captured graph of 20 all-reduces (four of them fused
+/// all-reduce + RMSNorm calls). The first wait times out and poisons the group, so every
+/// later call of the replay — and every later replay — returns at once: the replay takes
+/// about one timeout, not twenty.
 fn a_graph_replayed_after_a_timeout_returns_within_twice_the_timeout(ctx: Arc<CudaContext>) {
     let timeout = Duration::from_millis(300);
     let comms = Communicator::local_group(
@@ -322,7 +323,28 @@ fn a_graph_replayed_after_a_timeout_returns_within_twice_the_timeout(ctx: Arc<Cu
     stream
         .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
         .unwrap();
+    // Every fifth call the fused low-latency kernel over one row of 8192 f32 (32 KiB): a
+    // row over a thread-block cluster of 8 blocks where the device has clusters, so a refused
+    // call's blocks stand down together (kernels/fused_norm.cuh).
+    const HIDDEN: usize = 8192;
+    let weight = stream.clone_htod(&vec![1.0f32; HIDDEN]).unwrap();
+    let mut residual = stream.clone_htod(&vec![2.0f32; HIDDEN]).unwrap();
+    let mut norm_out = stream.alloc_zeros::<f32>(HIDDEN).unwrap();
     for i in 0..20 {
+        if i % 5 == 4 {
+            comms[0]
+                .all_reduce_add_rmsnorm_with(
+                    &input.slice(..HIDDEN),
+                    &mut residual,
+                    &weight,
+                    1e-5,
+                    &mut norm_out,
+                    &stream,
+                    Algorithm::LowLatency,
+                )
+                .unwrap();
+            continue;
+        }
         let algo = algos[i % algos.len()];
         let len = if algo == Algorithm::LowLatency {
             4000
@@ -365,6 +387,9 @@ fn a_graph_replayed_after_a_timeout_returns_within_twice_the_timeout(ctx: Arc<Cu
         later < timeout / 2,
         "5 replays of a poisoned graph took {later:?}"
     );
+    // No fused call ran: the residual and the output are as they were.
+    assert!(stream.clone_dtoh(&residual).unwrap().iter().all(|&x| x == 2.0));
+    assert!(stream.clone_dtoh(&norm_out).unwrap().iter().all(|&x| x == 0.0));
 }
 
 /// Rank 2 never calls; ranks 0 and 1 both call. Whichever times out first pushes its timeout

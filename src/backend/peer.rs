@@ -54,6 +54,7 @@ impl Launched {
             Launched::Consume => LaunchAttrs {
                 pdl: configured.pdl,
                 remote_domain: false,
+                cluster: 0,
             },
         }
     }
@@ -130,6 +131,7 @@ impl PeerBackend {
         let attrs = LaunchAttrs {
             pdl: config.pdl && kernels.supports_pdl(),
             remote_domain: config.remote_sync_domain && kernels.supports_pdl(),
+            cluster: 0,
         };
         let check = config.check_divergence;
         PeerBackend {
@@ -351,13 +353,20 @@ impl PeerBackend {
         let grid = (
             plan.blocks,
             plan.threads,
-            self.attributes(Launched::Table(kernel)),
+            self.attributes(Launched::Table(kernel))
+                .with_cluster(plan.cluster),
         );
+        let norm = NormArgs {
+            cluster: plan.cluster.max(1),
+            ..*norm
+        };
         // SAFETY: the fused kernels take (NormArgs, SymmArgs) and the unfused one (NormArgs),
         // with the table column's dtype; the caller validated the ranges; the workspace and
         // the error word in `args` outlive the launch (the communicator's Drop synchronises);
-        // the attributes are set only on devices of compute capability 9.0 and newer.
-        unsafe { launch::launch_norm(func, grid, norm, args.as_ref(), stream) }
+        // the attributes are set only on devices of compute capability 9.0 and newer (a plan
+        // has a cluster only where `PathFacts::clusters` said so: `plan/fused.rs`), and a
+        // clustered plan's blocks are a multiple of its cluster.
+        unsafe { launch::launch_norm(func, grid, &norm, args.as_ref(), stream) }
     }
 
     /// Launches the body-less kernel with `plan`'s grid.
@@ -416,6 +425,7 @@ impl PeerBackend {
             algorithm: crate::config::Algorithm::OneShot,
             blocks: 1,
             threads: 32,
+            cluster: 1,
         };
         let spin = (self.kernels.spin(), Launched::Spin);
         self.launch_function(spin, one, (0, 0, ns as usize), self.args, stream)
@@ -512,6 +522,12 @@ impl PeerBackend {
     }
 
     /// The launch attributes of `what`: the configured ones ([`Launched::attributes`]).
+    /// Whether the device launches thread-block clusters (the fused low-latency kernel's rows
+    /// over several blocks).
+    pub(crate) fn clusters(&self) -> bool {
+        self.kernels.clusters()
+    }
+
     fn attributes(&self, what: Launched) -> LaunchAttrs {
         what.attributes(self.attrs)
     }
@@ -586,6 +602,11 @@ mod tests {
                             i64::from(a.value.programmaticStreamSerializationAllowed)
                         }
                         Id::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN => a.value.memSyncDomain as i64,
+                        Id::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION => {
+                            let d = a.value.clusterDim;
+                            assert_eq!((d.y, d.z), (1, 1), "a cluster is a row of blocks");
+                            i64::from(d.x)
+                        }
                         other => panic!("unexpected launch attribute {other:?}"),
                     }
                 };
@@ -620,10 +641,12 @@ mod tests {
         let only_pdl = LaunchAttrs {
             pdl: true,
             remote_domain: false,
+            cluster: 0,
         };
         let both = LaunchAttrs {
             pdl: true,
             remote_domain: true,
+            cluster: 0,
         };
         for path in every_path() {
             let (with_pdl, with_both) = (driver(path.attributes(only_pdl)), driver(path.attributes(both)));
@@ -652,11 +675,23 @@ mod tests {
         let domain_only = LaunchAttrs {
             pdl: false,
             remote_domain: true,
+            cluster: 0,
         };
         assert_eq!(
             driver(Launched::Table(Kernel::FusedOneShot).attributes(domain_only)),
             [remote]
         );
+        // A cluster of the fused low-latency kernel's plan travels beside the configured
+        // attributes (`launch_norm`); a cluster of one is no attribute.
+        let cluster = Id::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        for (blocks, expected) in [
+            (0, vec![pdl, remote]),
+            (1, vec![pdl, remote]),
+            (8, vec![pdl, remote, (cluster, 8)]),
+        ] {
+            let attrs = Launched::Table(Kernel::FusedLowLatency).attributes(both);
+            assert_eq!(driver(attrs.with_cluster(blocks)), expected, "cluster {blocks}");
+        }
     }
 
     /// The attributes of every launch come from `Launched::attributes` (so the table test above

@@ -274,6 +274,6 @@ fn norm_args(
         tokens: tokens as u32,
         hidden: hidden as u32,
         eps,
-        reserved: 0,
+        cluster: 1,
     })
 }

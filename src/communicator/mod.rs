@@ -403,15 +403,19 @@ impl Communicator {
     }
 
     fn facts(&self) -> PathFacts<'_> {
-        let (peer_kernels, nccl, multicast) = match &self.paths {
+        let (peer_kernels, nccl, multicast, clusters) = match &self.paths {
             Paths::Peer { nccl, peer } => (
                 Ok(()),
                 nccl.as_ref().map(|_| ()).map_err(String::as_str),
                 peer.multicast().map(|_| ()),
+                peer.clusters(),
             ),
-            Paths::NcclOnly { why, .. } => {
-                (Err(why.as_str()), Ok(()), Err("the peer kernels are not set up"))
-            }
+            Paths::NcclOnly { why, .. } => (
+                Err(why.as_str()),
+                Ok(()),
+                Err("the peer kernels are not set up"),
+                false,
+            ),
         };
         PathFacts {
             world: self.world,
@@ -419,6 +423,7 @@ impl Communicator {
             peer_kernels,
             nccl,
             multicast,
+            clusters,
         }
     }
 

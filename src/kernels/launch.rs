@@ -24,12 +24,25 @@ pub(crate) struct LaunchAttrs {
     /// system-scope fences wait only for the memory traffic of its own domain, not for a
     /// concurrent kernel's of the default domain. Compute capability 9.0 and newer.
     pub(crate) remote_domain: bool,
+    /// Blocks per thread-block cluster (0 or 1: no cluster attribute). Only the fused
+    /// low-latency kernel is launched in clusters (its grid a multiple of it), only on
+    /// compute capability 9.0 and newer, and never more than 8 (the portable size: no
+    /// function attribute needed).
+    pub(crate) cluster: u32,
 }
 
 /// The most attributes one launch carries.
-const MAX_ATTRS: usize = 2;
+const MAX_ATTRS: usize = 3;
 
 impl LaunchAttrs {
+    /// These attributes with a thread-block cluster of `blocks` (0 or 1: none).
+    pub(crate) fn with_cluster(self, blocks: u32) -> Self {
+        LaunchAttrs {
+            cluster: blocks,
+            ..self
+        }
+    }
+
     /// The driver's attribute list for these settings: the first `n` entries of the array.
     pub(crate) fn driver(self) -> ([sys::CUlaunchAttribute; MAX_ATTRS], usize) {
         // SAFETY: a zeroed launch attribute is a valid C value (id 0, the "ignore" entry);
@@ -44,6 +57,13 @@ impl LaunchAttrs {
         if self.remote_domain {
             attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN;
             attrs[n].value.memSyncDomain = sys::CUlaunchMemSyncDomain::CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE;
+            n += 1;
+        }
+        if self.cluster > 1 {
+            attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            attrs[n].value.clusterDim.x = self.cluster;
+            attrs[n].value.clusterDim.y = 1;
+            attrs[n].value.clusterDim.z = 1;
             n += 1;
         }
         (attrs, n)

@@ -21,7 +21,9 @@ pub(crate) struct NormArgs {
     pub(crate) tokens: u32,
     pub(crate) hidden: u32,
     pub(crate) eps: f32,
-    pub(crate) reserved: u32,
+    /// Blocks per row (a thread-block cluster) of the fused low-latency kernel; 1 for the
+    /// others. Set at launch from the plan (`PeerBackend::launch_norm`).
+    pub(crate) cluster: u32,
 }
 
 #[cfg(test)]

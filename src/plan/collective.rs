@@ -239,6 +239,7 @@ fn grid(shape: &CollShape, kernel: Kernel, limits: super::Limits) -> Plan {
         algorithm: super::algorithm_of(kernel),
         blocks: blocks as u32,
         threads: THREADS_PER_BLOCK,
+        cluster: 1,
     }
 }
 
@@ -439,6 +440,7 @@ mod tests {
             peer_kernels: peer,
             nccl,
             multicast: Err("no multicast in these tests"),
+            clusters: true,
         }
     }
 

@@ -151,6 +151,7 @@ mod tests {
             peer_kernels: peer,
             nccl,
             multicast: Err("Config::multicast is Off"),
+            clusters: true,
         }
     }
 

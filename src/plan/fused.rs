@@ -6,11 +6,13 @@
 use super::explain::{explain, PathDecision};
 use super::grid::grid;
 use super::route::{PathFacts, Route, Rule, Target};
+use super::Plan;
 use crate::config::{Algorithm, Config, FusedLimit};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::kernels::abi::{MAX_BLOCKS, THREADS_PER_BLOCK};
 use crate::kernels::norm_abi::MAX_HIDDEN;
-use crate::kernels::registry::Kernel;
+use crate::kernels::registry::{Family, Kernel};
 
 /// The lengths of one fused call, in elements.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -183,19 +185,61 @@ pub(crate) fn route_fused(
         (asked, _) => (asked, Rule::AskedFor),
     };
     let kernel = fused_kernel(algorithm);
-    if kernel == Kernel::FusedLowLatency && bytes > config.low_latency_limit() {
-        return Err(Error::ExceedsCapacity {
-            bytes,
-            capacity: config.low_latency_limit(),
-        });
-    }
+    let plan = if kernel == Kernel::FusedLowLatency {
+        if bytes > config.low_latency_limit() {
+            return Err(Error::ExceedsCapacity {
+                bytes,
+                capacity: config.low_latency_limit(),
+            });
+        }
+        fused_ll_plan(tokens, hidden, dtype, facts)
+    } else {
+        grid(kernel, tokens, dtype, facts.world, facts.limits)
+    };
     Ok(Route {
-        target: Target::Kernel(kernel, grid(kernel, tokens, dtype, facts.world, facts.limits)),
+        target: Target::Kernel(kernel, plan),
         rule,
         bytes,
         dtype,
         threshold_ignored,
     })
+}
+
+/// The largest thread-block cluster the fused low-latency kernel uses (the portable size).
+const MAX_CLUSTER: usize = 8;
+/// The fixed sum-of-squares tree's threads (kernels/fused_norm.cuh: 512 virtual threads).
+const TREE_THREADS: usize = THREADS_PER_BLOCK as usize;
+
+/// The grid of the fused low-latency kernel for `tokens` rows of `hidden`: each row spread
+/// over a thread-block cluster of `cluster` blocks, block c owning the packs of virtual
+/// threads `[c·512/cluster, (c+1)·512/cluster)` (a word of them per thread), so that the
+/// row's sum of squares keeps the one-block tree's bits (kernels/fused_norm.cuh). The cluster
+/// is as large as gives each thread about one word (blocks of at least 256 threads) and as
+/// the row's stripes of 512 packs (so a block's share fits its 8 KiB of shared memory), at
+/// most 8 and within the agreed block limit, and never so large that a block owns no pack.
+/// Without clusters (compute capability below 9.0) a row is one block.
+pub(crate) fn fused_ll_plan(tokens: usize, hidden: usize, dtype: DType, facts: PathFacts<'_>) -> Plan {
+    let packs = hidden / dtype.per_pack();
+    let stripes = packs.div_ceil(TREE_THREADS);
+    let words = hidden * dtype.size() / 4;
+    let cap = facts.limits.blocks(Family::OneShot).clamp(1, MAX_BLOCKS);
+    let largest = if facts.clusters {
+        MAX_CLUSTER.min(1 << cap.ilog2())
+    } else {
+        1
+    };
+    let wanted = 1 << (words / 256).clamp(1, MAX_CLUSTER).ilog2();
+    let mut cluster = wanted.max(stripes.next_power_of_two()).min(largest);
+    while cluster > 1 && (cluster - 1) * TREE_THREADS / cluster >= packs {
+        cluster /= 2;
+    }
+    let local_words = TREE_THREADS / cluster * stripes * 4;
+    Plan {
+        algorithm: Algorithm::LowLatency,
+        blocks: (cluster * tokens.min(cap / cluster).max(1)) as u32,
+        threads: local_words.min(TREE_THREADS) as u32,
+        cluster: cluster as u32,
+    }
 }
 
 /// The sentence for a fused route of `tokens` rows of `hidden`: the all-reduce's sentence (or,
@@ -233,6 +277,10 @@ pub(crate) fn explain_fused(
         Target::Kernel(Kernel::FusedTwoShot, _) => {
             "fused all-reduce + residual + RMSNorm, two-shot (reduction split by rows across ranks)"
         }
+        Target::Kernel(Kernel::FusedLowLatency, plan) if plan.cluster > 1 => &format!(
+            "fused all-reduce + residual + RMSNorm, low-latency (no barrier; each row over a cluster of {} blocks)",
+            plan.cluster
+        ),
         Target::Kernel(Kernel::FusedLowLatency, _) => {
             "fused all-reduce + residual + RMSNorm, low-latency (no barrier)"
         }
@@ -260,6 +308,7 @@ mod tests {
             peer_kernels: Ok(()),
             nccl,
             multicast: Err("no multicast in these tests"),
+            clusters: true,
         }
     }
 
@@ -271,6 +320,64 @@ mod tests {
             norm_out: input,
             weight,
             eps: 1e-6,
+        }
+    }
+
+    #[test]
+    fn fused_low_latency_rows_spread_over_clusters() {
+        // The decode shapes: a word per thread, 8 blocks a row.
+        let at = |tokens, hidden, dtype, facts| {
+            let p = fused_ll_plan(tokens, hidden, dtype, facts);
+            (p.cluster, p.blocks, p.threads)
+        };
+        let f = facts(8, Ok(()));
+        assert_eq!(at(1, 4096, DType::BF16, f), (8, 8, 256));
+        assert_eq!(at(1, 8192, DType::BF16, f), (8, 8, 512));
+        assert_eq!(at(2, 8192, DType::BF16, f), (8, 16, 512));
+        assert_eq!(at(9, 8192, DType::BF16, f), (8, 32, 512)); // 4 clusters of the 32 blocks
+        let no_clusters = PathFacts { clusters: false, ..f };
+        assert_eq!(at(3, 8192, DType::BF16, no_clusters), (1, 3, 512));
+        let narrow = PathFacts {
+            limits: Limits {
+                one_shot_blocks: 6,
+                two_shot_blocks: 6,
+            },
+            ..f
+        };
+        assert_eq!(at(5, 16384, DType::F32, narrow), (4, 4, 512));
+        // Every shape: a power-of-two cluster of at most 8 (1 without clusters), whole
+        // clusters within the block limit, every block owning packs of the row, and a
+        // thread for each of its virtual threads.
+        for clusters in [true, false] {
+            for cap in [1, 3, 4, 8, 32, 64] {
+                let facts = PathFacts {
+                    clusters,
+                    limits: Limits {
+                        one_shot_blocks: cap,
+                        two_shot_blocks: cap,
+                    },
+                    ..f
+                };
+                for dtype in DType::ALL {
+                    for hidden in (1..=MAX_HIDDEN / dtype.per_pack())
+                        .map(|p| p * dtype.per_pack())
+                        .step_by(7)
+                    {
+                        for tokens in [1, 2, 5, 64] {
+                            let p = fused_ll_plan(tokens, hidden, dtype, facts);
+                            let (c, b, t) = (p.cluster as usize, p.blocks as usize, p.threads as usize);
+                            let what =
+                                format!("{dtype} {tokens}x{hidden} cap {cap} clusters {clusters}: {p:?}");
+                            assert!(c.is_power_of_two() && c <= if clusters { 8 } else { 1 }, "{what}");
+                            assert!(b % c == 0 && b <= cap.max(c) && b / c <= tokens, "{what}");
+                            let packs = hidden / dtype.per_pack();
+                            assert!((c - 1) * 512 / c < packs, "{what}: the last block owns no pack");
+                            assert!(t >= 512 / c && t <= 512 && t % 32 == 0, "{what}");
+                            assert_eq!(p.algorithm, Algorithm::LowLatency);
+                        }
+                    }
+                }
+            }
         }
     }
 
@@ -373,11 +480,12 @@ mod tests {
         let r = route_fused(512, 1024, DType::BF16, &c, Algorithm::TwoShot, f).unwrap();
         let Target::Kernel(_, p) = r.target else { panic!() };
         assert_eq!(p.blocks, 16);
-        // Low-latency asked for: its fused kernel, one block per row; beyond the low-latency
-        // slots a typed error, as for the all-reduce.
+        // Low-latency asked for: its fused kernel (a row of 1024 bf16 is 128 packs, too few
+        // for a second block of the tree's 512 virtual threads: one block per row); beyond
+        // the low-latency slots a typed error, as for the all-reduce.
         let r = route_fused(7, 1024, DType::BF16, &c, Algorithm::LowLatency, f).unwrap();
         let Target::Kernel(k, p) = r.target else { panic!() };
-        assert_eq!((k, p.blocks), (Kernel::FusedLowLatency, 7));
+        assert_eq!((k, p.blocks, p.cluster), (Kernel::FusedLowLatency, 7, 1));
         let d = explain_fused(&r, (7, 1024), Algorithm::LowLatency, &c, f);
         assert!(d.reason.contains("low-latency (no barrier)"), "{}", d.reason);
         assert!(matches!(

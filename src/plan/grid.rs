@@ -76,6 +76,7 @@ pub(crate) fn grid(kernel: Kernel, len: usize, dtype: DType, world: usize, limit
             algorithm: algorithm_of(kernel),
             blocks: work.min(cap).min(u16::MAX as usize).max(1) as u32,
             threads: THREADS_PER_BLOCK,
+            cluster: 1,
         };
     }
     if matches!(kernel, Kernel::LowLatency | Kernel::LowLatencyMultimem) {
@@ -95,6 +96,7 @@ pub(crate) fn grid(kernel: Kernel, len: usize, dtype: DType, world: usize, limit
             algorithm: algorithm_of(kernel),
             blocks: work.div_ceil(threads).clamp(1, cap) as u32,
             threads: threads as u32,
+            cluster: 1,
         };
     }
     let wanted = work.div_ceil(THREADS_PER_BLOCK as usize).max(1);
@@ -102,6 +104,7 @@ pub(crate) fn grid(kernel: Kernel, len: usize, dtype: DType, world: usize, limit
         algorithm: algorithm_of(kernel),
         blocks: wanted.min(limits.blocks(kernel.family())).min(MAX_BLOCKS) as u32,
         threads: THREADS_PER_BLOCK,
+        cluster: 1,
     }
 }
 

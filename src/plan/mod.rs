@@ -140,6 +140,10 @@ pub struct Plan {
     pub blocks: u32,
     /// Threads per block.
     pub threads: u32,
+    /// Blocks per thread-block cluster: 1, except for the fused low-latency kernel on
+    /// compute capability 9.0 and newer, which spreads each row over a cluster of up to 8
+    /// blocks (`blocks` is then a multiple of it).
+    pub cluster: u32,
 }
 
 #[cfg(test)]

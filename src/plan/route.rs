@@ -39,6 +39,9 @@ pub(crate) struct PathFacts<'a> {
     pub(crate) nccl: std::result::Result<(), &'a str>,
     /// `Err(why)` when no multicast object is set up (the multimem kernel cannot run).
     pub(crate) multicast: std::result::Result<(), &'a str>,
+    /// The device launches thread-block clusters (compute capability 9.0 and newer): the
+    /// fused low-latency kernel spreads a row over several blocks.
+    pub(crate) clusters: bool,
 }
 
 /// The rule that decided a route (rendered as a sentence by [`super::explain`]).
@@ -376,6 +379,7 @@ mod tests {
                 peer_kernels: Ok(()),
                 nccl: Ok(()),
                 multicast: Ok(()),
+                clusters: true,
             };
             for len in [1usize, 100, 8 << 10, 300_000, 3 << 20, 40 << 20] {
                 for dtype in DType::ALL {
