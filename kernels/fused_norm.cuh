@@ -204,12 +204,12 @@ __device__ __forceinline__ void fused_ll_stand_down(float (&red)[2][24], uint32_
 // m is word m % 4 of local pack m / 4; local pack q is pack c·512/C + q % (512/C) + 512·(q /
 // (512/C)), so neighbouring threads touch neighbouring words): push the word of this rank's
 // input into every peer's slot, then per row poll every peer's word, sum in rank order (the
-// all-reduce's arithmetic), re-arm, add the residual (rounded, written back) and keep the
-// result in shared memory (or, past 512 packs per block, read it back from the residual). Then the block's first 512/C threads run their virtual threads'
-// chains over shared memory, each warp of them sums its 32 chains (`warp_sum_fixed`) and
+// all-reduce's arithmetic), re-arm, add the residual (rounded) and park the result in shared
+// memory (past 512 packs per block: in `norm_out`). Then the block's first 512/C threads run
+// their virtual threads' chains over it, each warp of them sums its 32 chains (`warp_sum_fixed`) and
 // stores the virtual warp's sum into every block of the cluster (distributed shared memory);
 // after one cluster barrier every warp sums the 16 (`warp_sums_total_fixed`) and the block
-// writes its words of the normalised row. The sums, the residual and the tree are those of
+// writes its words of the residual and of the normalised row. The sums, the residual and the tree are those of
 // every other fused kernel and of the unfused pair, so the bits are too.
 //
 // Rows: cluster k of K takes rows k, k + K, ... (every block of a cluster the same rows). Each
@@ -251,10 +251,11 @@ __device__ __forceinline__ void fused_low_latency(const NormArgs& f, const SymmA
     const uint32_t* weight = reinterpret_cast<const uint32_t*>(f.weight);
     uint32_t* words = reinterpret_cast<uint32_t*>(stash);
     // Where this block's share of a row does not fit `stash` (a row of more than 512 packs
-    // per block: no clusters, or a small block limit), the residual row just written is read
-    // back instead (this block's own global stores, visible to it after `__syncthreads`).
+    // per block: no clusters, or a small block limit), it is parked in `norm_out` instead
+    // (this block's own global stores, visible to it after `__syncthreads`; each word is
+    // overwritten by the normalised one by the thread that parked it).
     const bool stashed = local_words <= FUSED_LL_STASH_PACKS * 4;
-    const uint4* res_packs = reinterpret_cast<const uint4*>(f.residual);
+    const uint4* parked = reinterpret_cast<const uint4*>(f.norm_out);
     const UnicastColl coll(a, 0);
     // Local word m -> the word's index in the row (pack * 4 + k), or ~0u past the row.
     const auto row_word = [&](uint32_t m) {
@@ -303,9 +304,14 @@ __device__ __forceinline__ void fused_low_latency(const NormArgs& f, const SymmA
             word_to_float<T>(residual, r);
 #pragma unroll
             for (uint32_t e = 0; e < PER_WORD; ++e) r[e] = __fadd_rn(r[e], v[e]);
+            // Parked until the cluster knows every wait of the row passed: only then is the
+            // residual written.
             const uint32_t sum = float_to_word<T>(r);
-            res[base + w] = sum;
-            if (stashed) words[m] = sum;
+            if (stashed) {
+                words[m] = sum;
+            } else {
+                out[base + w] = sum;
+            }
         }
         failed = __syncthreads_or(failed);
 
@@ -316,7 +322,7 @@ __device__ __forceinline__ void fused_low_latency(const NormArgs& f, const SymmA
                 if (c * nv + threadIdx.x + NORM_THREADS * j >= packs) break;
                 float x[Elem<T>::PER_PACK];
                 const uint32_t q = threadIdx.x + nv * j;
-                pack_to_float<T>(stashed ? stash[q] : res_packs[row * packs + c * nv + threadIdx.x + NORM_THREADS * j], x);
+                pack_to_float<T>(stashed ? stash[q] : parked[row * packs + c * nv + threadIdx.x + NORM_THREADS * j], x);
 #pragma unroll
                 for (uint32_t e = 0; e < Elem<T>::PER_PACK; ++e) ss = __fmaf_rn(x[e], x[e], ss);
             }
@@ -341,7 +347,9 @@ __device__ __forceinline__ void fused_low_latency(const NormArgs& f, const SymmA
             const uint32_t w = row_word(m);
             if (w == ~0u) continue;
             float r[PER_WORD], g[PER_WORD];
-            word_to_float<T>(stashed ? words[m] : res[base + w], r);
+            const uint32_t sum = stashed ? words[m] : out[base + w];
+            res[base + w] = sum;
+            word_to_float<T>(sum, r);
             word_to_float<T>(__ldg(weight + w), g);
 #pragma unroll
             for (uint32_t e = 0; e < PER_WORD; ++e) r[e] = __fmul_rn(round_to<T>(__fmul_rn(r[e], inv)), g[e]);
