@@ -72,19 +72,41 @@ union Pack {
     T elems[Elem<T>::PER_PACK];
 };
 
+// The elements of a 32-bit word in fp32 (`to_float` of each, in order), and back (each
+// rounded once with `from_float`).
+template <typename T>
+__device__ __forceinline__ void word_to_float(uint32_t w, float (&x)[4 / sizeof(T)]) {
+    if constexpr (sizeof(T) == 4) {
+        x[0] = __uint_as_float(w);
+    } else {
+        const float2 v = Elem<T>::widen(w);
+        x[0] = v.x;
+        x[1] = v.y;
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t float_to_word(const float (&x)[4 / sizeof(T)]) {
+    union {
+        uint32_t bits;
+        T elems[4 / sizeof(T)];
+    } r;
+#pragma unroll
+    for (uint32_t e = 0; e < 4 / sizeof(T); ++e) r.elems[e] = Elem<T>::from_float(x[e]);
+    return r.bits;
+}
+
 // The elements of a pack in fp32 (`to_float` of each, in order).
 template <typename T>
 __device__ __forceinline__ void pack_to_float(uint4 bits, float (&x)[Elem<T>::PER_PACK]) {
+    constexpr uint32_t PER_WORD = 4 / sizeof(T);
     const uint32_t w[4] = {bits.x, bits.y, bits.z, bits.w};
 #pragma unroll
     for (uint32_t i = 0; i < 4; ++i) {
-        if constexpr (Elem<T>::PER_PACK == 4) {
-            x[i] = __uint_as_float(w[i]);
-        } else {
-            const float2 v = Elem<T>::widen(w[i]);
-            x[2 * i] = v.x;
-            x[2 * i + 1] = v.y;
-        }
+        float v[PER_WORD];
+        word_to_float<T>(w[i], v);
+#pragma unroll
+        for (uint32_t e = 0; e < PER_WORD; ++e) x[PER_WORD * i + e] = v[e];
     }
 }
 

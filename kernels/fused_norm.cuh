@@ -154,31 +154,8 @@ __device__ __forceinline__ void fused_one_shot(const NormArgs& f, const SymmArgs
     end_call(a, epoch);
 }
 
-// The elements of a 32-bit word in fp32, and back (rounded once each).
-template <typename T>
-__device__ __forceinline__ void word_to_float(uint32_t w, float (&v)[4 / sizeof(T)]) {
-    if constexpr (sizeof(T) == 4) {
-        v[0] = __uint_as_float(w);
-    } else {
-        const float2 p = Elem<T>::widen(w);
-        v[0] = p.x;
-        v[1] = p.y;
-    }
-}
-
-template <typename T>
-__device__ __forceinline__ uint32_t float_to_word(const float (&v)[4 / sizeof(T)]) {
-    union {
-        uint32_t bits;
-        T elems[4 / sizeof(T)];
-    } r;
-#pragma unroll
-    for (uint32_t e = 0; e < 4 / sizeof(T); ++e) r.elems[e] = Elem<T>::from_float(v[e]);
-    return r.bits;
-}
-
 // The most 16-byte packs of a row one block of the fused low-latency kernel keeps in shared
-// memory (8 KiB); a larger share is read back from the residual it has just written.
+// memory (8 KiB); a larger share is parked in `norm_out`.
 constexpr uint32_t FUSED_LL_STASH_PACKS = 512;
 
 // A refused call's block in a cluster of the fused low-latency kernel: the barriers of the
@@ -203,8 +180,8 @@ __device__ __forceinline__ void fused_ll_stand_down(float (&red)[2][24], uint32_
 // with them their packs. Its threads first handle those packs a 32-bit word each (local word
 // m is word m % 4 of local pack m / 4; local pack q is pack c·512/C + q % (512/C) + 512·(q /
 // (512/C)), so neighbouring threads touch neighbouring words): push the word of this rank's
-// input into every peer's slot, then per row poll every peer's word, sum in rank order (the
-// all-reduce's arithmetic), re-arm, add the residual (rounded) and park the result in shared
+// input into every peer's slot, then per row poll every peer's word, sum in rank order and
+// re-arm (`ll_reduce_word`, the all-reduce's arithmetic), add the residual (rounded) and park the result in shared
 // memory (past 512 packs per block: in `norm_out`). Then the block's first 512/C threads run
 // their virtual threads' chains over it, each warp of them sums its 32 chains (`warp_sum_fixed`) and
 // stores the virtual warp's sum into every block of the cluster (distributed shared memory);
@@ -230,7 +207,6 @@ __device__ __forceinline__ void fused_ll_stand_down(float (&red)[2][24], uint32_
 template <typename T>
 __device__ __forceinline__ void fused_low_latency(const NormArgs& f, const SymmArgs& a) {
     constexpr uint32_t PER_WORD = 4 / sizeof(T);
-    constexpr uint32_t NOT_ARRIVED = 0xffffffffu;
     // [row parity][0..16): the virtual warps' sums; [16 + c]: block c's failure flag.
     __shared__ float red[2][24];
     __shared__ uint4 stash[FUSED_LL_STASH_PACKS];
@@ -270,7 +246,6 @@ __device__ __forceinline__ void fused_low_latency(const NormArgs& f, const SymmA
             if (w != ~0u) coll.broadcast_word(buffer, row * packs * 4 + w, wire_word(in[row * packs * 4 + w]));
         }
     }
-    const uint64_t slot = a.ll_slot_bytes / sizeof(uint32_t);
     uint32_t parity = 0;
     for (uint64_t row = first_row; row < f.tokens; row += row_step, parity ^= 1) {
         const uint64_t base = row * packs * 4;
@@ -279,28 +254,14 @@ __device__ __forceinline__ void fused_low_latency(const NormArgs& f, const SymmA
             const uint32_t w = row_word(m);
             if (w == ~0u || failed) continue;
             const uint32_t residual = res[base + w];
-            uint32_t* source0 = ll_word(a, a.rank, buffer, 0, base + w);
-            uint32_t got[MAX_RANKS];
-            if (!ll_poll_peers(a, source0, slot, [](uint32_t x) { return x != NOT_ARRIVED; }, got)) {
+            uint32_t reduced;
+            if (!ll_reduce_word<T>(a, buffer, base + w, in[base + w], reduced)) {
                 failed = 1;
                 continue;
             }
-            const uint32_t own = in[base + w];
-            float acc[PER_WORD], v[PER_WORD], r[PER_WORD];
-#pragma unroll
-            for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-                if (q < a.world) {
-                    word_to_float<T>(q == a.rank ? own : got[q], v);
-#pragma unroll
-                    for (uint32_t e = 0; e < PER_WORD; ++e) acc[e] = q == 0 ? v[e] : acc[e] + v[e];
-                }
-            }
-#pragma unroll
-            for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-                if (q < a.world && q != a.rank) st_relaxed_sys_u32(source0 + q * slot, NOT_ARRIVED);
-            }
-            // The rounded sum (the all-reduce's output), then residual + sum rounded.
-            word_to_float<T>(float_to_word<T>(acc), v);
+            // residual + the rounded sum (the all-reduce's output), rounded.
+            float v[PER_WORD], r[PER_WORD];
+            word_to_float<T>(reduced, v);
             word_to_float<T>(residual, r);
 #pragma unroll
             for (uint32_t e = 0; e < PER_WORD; ++e) r[e] = __fadd_rn(r[e], v[e]);

@@ -155,12 +155,44 @@ __device__ __forceinline__ uint32_t load_word(const T* in, uint64_t n, uint64_t 
     return p.bits;
 }
 
+// Waits for word `i` of every peer's slot in this rank's buffer `buffer` (`ll_poll_peers`:
+// none reads as the all-ones sentinel any more), sums the words in rank order 0..W-1 in fp32
+// (this rank's own word `own` from registers), rounds once into `sum` and re-arms the words it
+// consumed: `ll_reduce_line` for one 32-bit word (the word-per-thread readers: the
+// all-reduce's and the fused kernel's), element for element the same arithmetic. False
+// (nothing summed) when the wait timed out or the group is poisoned.
+template <typename T>
+__device__ __forceinline__ bool ll_reduce_word(const SymmArgs& a, uint32_t buffer, uint64_t i, uint32_t own,
+                                               uint32_t& sum) {
+    constexpr uint32_t PER_WORD = 4 / sizeof(T);
+    constexpr uint32_t NOT_ARRIVED = 0xffffffffu;
+    uint32_t* source0 = ll_word(a, a.rank, buffer, 0, i);
+    const uint64_t slot = a.ll_slot_bytes / sizeof(uint32_t);
+    uint32_t w[MAX_RANKS];
+    if (!ll_poll_peers(a, source0, slot, [](uint32_t x) { return x != NOT_ARRIVED; }, w)) return false;
+    float acc[PER_WORD], v[PER_WORD];
+#pragma unroll
+    for (uint32_t q = 0; q < MAX_RANKS; ++q) {
+        if (q < a.world) {
+            word_to_float<T>(q == a.rank ? own : w[q], v);
+#pragma unroll
+            for (uint32_t e = 0; e < PER_WORD; ++e) acc[e] = q == 0 ? v[e] : acc[e] + v[e];
+        }
+    }
+#pragma unroll
+    for (uint32_t q = 0; q < MAX_RANKS; ++q) {
+        if (q < a.world && q != a.rank) st_relaxed_sys_u32(source0 + q * slot, NOT_ARRIVED);
+    }
+    sum = float_to_word<T>(acc);
+    return true;
+}
+
 // The low-latency all-reduce with one 32-bit word per thread (every message whose words the
 // grid covers, which is every one the low-latency kernel takes): thread i pushes word i of
 // its input into its slot of every peer's buffer (the policy's `broadcast_word`: W - 1
-// unicast stores, or one multicast store), polls word i of every peer's slot in its
-// own buffer until none reads as the all-ones sentinel, sums them in rank order 0..W-1 in
-// fp32 (its own word from registers) and re-arms them. 32-bit stores are single-copy atomic
+// unicast stores, or one multicast store), then `ll_reduce_word`: polls word i of every
+// peer's slot in its own buffer until none reads as the all-ones sentinel, sums them in rank
+// order 0..W-1 in fp32 (its own word from registers) and re-arms them. 32-bit stores are single-copy atomic
 // and the sentinel is a 32-bit word, so a word is either the sentinel or the peer's data;
 // word i is where the 16-byte lines keep it, so the region's invariants are those stated at
 // `one_shot_ll` (every word a reader reads it re-arms inside the call; a word past the
@@ -172,39 +204,13 @@ template <typename Coll, typename T>
 __device__ __forceinline__ bool ll_all_reduce_word(const Coll& coll, const T* in, T* out, uint64_t n,
                                                    const SymmArgs& a, uint32_t buffer, uint64_t i) {
     constexpr uint32_t PER_WORD = 4 / sizeof(T);
-    constexpr uint32_t NOT_ARRIVED = 0xffffffffu;
     const uint32_t own = load_word(in, n, i, is_aligned(in, 4));
     coll.broadcast_word(buffer, i, wire_word(own));
-
-    uint32_t* source0 = ll_word(a, a.rank, buffer, 0, i);
-    const uint64_t slot = a.ll_slot_bytes / sizeof(uint32_t);
-    uint32_t w[MAX_RANKS];
-    if (!ll_poll_peers(a, source0, slot, [](uint32_t x) { return x != NOT_ARRIVED; }, w)) return false;
-
-    float acc[PER_WORD];
-#pragma unroll
-    for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-        if (q < a.world) {
-            const uint32_t x = q == a.rank ? own : w[q];
-            if constexpr (PER_WORD == 1) {
-                acc[0] = q == 0 ? __uint_as_float(x) : acc[0] + __uint_as_float(x);
-            } else {
-                const float2 v = Elem<T>::widen(x);
-                acc[0] = q == 0 ? v.x : acc[0] + v.x;
-                acc[1] = q == 0 ? v.y : acc[1] + v.y;
-            }
-        }
-    }
-#pragma unroll
-    for (uint32_t q = 0; q < MAX_RANKS; ++q) {
-        if (q < a.world && q != a.rank) st_relaxed_sys_u32(source0 + q * slot, NOT_ARRIVED);
-    }
     union {
         uint32_t bits;
         T elems[PER_WORD];
     } r;
-#pragma unroll
-    for (uint32_t e = 0; e < PER_WORD; ++e) r.elems[e] = Elem<T>::from_float(acc[e]);
+    if (!ll_reduce_word<T>(a, buffer, i, own, r.bits)) return false;
     if (is_aligned(out, 4) && (i + 1) * PER_WORD <= n) {
         reinterpret_cast<uint32_t*>(out)[i] = r.bits;
     } else {

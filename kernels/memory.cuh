@@ -123,10 +123,9 @@ __device__ __forceinline__ void cluster_wait() {
 // those it has seen) are visible to every thread of the cluster after it.
 __device__ __forceinline__ void cluster_sync() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#else
-    __syncthreads();
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
 #endif
+    cluster_wait();
 }
 
 // Stores `v` at the address of `local` (this block's shared memory) in the shared memory of

@@ -521,13 +521,13 @@ impl PeerBackend {
         )
     }
 
-    /// The launch attributes of `what`: the configured ones ([`Launched::attributes`]).
     /// Whether the device launches thread-block clusters (the fused low-latency kernel's rows
     /// over several blocks).
     pub(crate) fn clusters(&self) -> bool {
         self.kernels.clusters()
     }
 
+    /// The launch attributes of `what`: the configured ones ([`Launched::attributes`]).
     fn attributes(&self, what: Launched) -> LaunchAttrs {
         what.attributes(self.attrs)
     }

@@ -148,12 +148,12 @@ impl Kernels {
             })
     }
 
-    /// Whether this device has `kernel` (its minimum architecture is met).
     /// Whether the device launches thread-block clusters (compute capability 9.0 and newer).
     pub(crate) fn clusters(&self) -> bool {
         self.arch >= 90
     }
 
+    /// Whether this device has `kernel` (its minimum architecture is met).
     pub(crate) fn has(&self, kernel: Kernel) -> bool {
         self.table[kernel.index()].iter().all(Option::is_some)
     }
