@@ -14,7 +14,8 @@
 //! GEMMs are cuBLAS (`cublasGemmEx`, bf16 in, fp32 compute). The same step is captured three
 //! ways: **fused** (`all_reduce_add_rmsnorm`), **unfused** (`all_reduce` then
 //! `residual_rmsnorm`) and **compute-only** (the all-reduce removed: `residual_rmsnorm` on
-//! the rank's own partial sums), and each is timed in the same run.
+//! the rank's own partial sums), and each is timed in the same run; so are the fused step with
+//! the low-latency kernel forced, and the all-reduce + norm points alone (every algorithm).
 //!
 //! cudarc's defaults are kept (event tracking on). The crate's calls handle capture
 //! themselves; cudarc's cuBLAS wrapper would wait on buffer events under capture, so the
@@ -119,9 +120,11 @@ enum Variant {
     FusedAloneLowLatency,
     FusedAloneOneShot,
     FusedAloneTwoShot,
+    /// The whole step with the fused call's low-latency kernel forced (up to its limit).
+    FusedLowLatency,
 }
 
-const VARIANTS: [Variant; 8] = [
+const VARIANTS: [Variant; 9] = [
     Variant::Fused,
     Variant::Unfused,
     Variant::ComputeOnly,
@@ -130,6 +133,7 @@ const VARIANTS: [Variant; 8] = [
     Variant::FusedAloneLowLatency,
     Variant::FusedAloneOneShot,
     Variant::FusedAloneTwoShot,
+    Variant::FusedLowLatency,
 ];
 
 impl Variant {
@@ -143,6 +147,7 @@ impl Variant {
             Variant::FusedAloneLowLatency => "fused alone, low-latency",
             Variant::FusedAloneOneShot => "fused alone, one-shot",
             Variant::FusedAloneTwoShot => "fused alone, two-shot",
+            Variant::FusedLowLatency => "fused AR+norm, low-lat.",
         }
     }
 }
@@ -311,9 +316,12 @@ impl Rank {
                     &self.stream,
                 )
                 .map_err(e),
-            Variant::FusedAloneLowLatency | Variant::FusedAloneOneShot | Variant::FusedAloneTwoShot => {
+            Variant::FusedAloneLowLatency
+            | Variant::FusedAloneOneShot
+            | Variant::FusedAloneTwoShot
+            | Variant::FusedLowLatency => {
                 let algorithm = match v {
-                    Variant::FusedAloneLowLatency => Algorithm::LowLatency,
+                    Variant::FusedAloneLowLatency | Variant::FusedLowLatency => Algorithm::LowLatency,
                     Variant::FusedAloneOneShot => Algorithm::OneShot,
                     _ => Algorithm::TwoShot,
                 };
@@ -447,7 +455,7 @@ fn rank_main(
     barrier.wait();
     let mut times = Vec::new();
     for v in VARIANTS {
-        if v == Variant::FusedAloneLowLatency && !low_latency_fits {
+        if matches!(v, Variant::FusedAloneLowLatency | Variant::FusedLowLatency) && !low_latency_fits {
             times.push(f64::NAN);
             continue;
         }
@@ -606,8 +614,14 @@ fn run() -> Result<(), String> {
         } else {
             format!("{:.2} us", alone(t[5]))
         };
+        let low_latency_step = if t[8].is_nan() {
+            "n/a".to_string()
+        } else {
+            format!("{:.2} us", per_call(t[8]))
+        };
         println!(
-            "  fused alone per call, algorithm forced: low-latency {low_latency}, one-shot {:.2} us, two-shot {:.2} us",
+            "  fused alone per call, algorithm forced: low-latency {low_latency}, one-shot {:.2} us, two-shot {:.2} us; \
+             in the step with low-latency forced: {low_latency_step}",
             alone(t[6]),
             alone(t[7])
         );
