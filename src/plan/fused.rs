@@ -95,14 +95,15 @@ fn fused_kernel(algorithm: Algorithm) -> Kernel {
 /// Routes a fused call of `tokens × hidden` elements (pure, allocation-free unless refused):
 /// NCCL when asked for or configured, when there is no workspace, or (for `Auto` with a
 /// fallback) above `nccl_above_bytes` or the capacity: the all-reduce then runs on NCCL and
-/// the unfused epilogue kernel follows. Otherwise `Auto` takes the fused one-shot up to the
-/// limit of [`Config::fused_limit`] (the tuning table's fused token limit for the nearest
-/// measured hidden size, else the all-reduce's one-shot limit in bytes; one rank: always) and
-/// the fused two-shot above it. `Auto` never takes the fused low-latency kernel: it runs one
-/// block per row, so at decode's few rows it has far fewer threads polling than the
-/// all-reduce's low-latency kernel, and on the H200 it lost to the fused one-shot (8192 × 1
-/// bf16, W = 8 virtual ranks: 11.79 vs 9.49 µs). `LowLatency` asked for or configured runs it;
-/// above the low-latency slots that is [`Error::ExceedsCapacity`], as for the all-reduce.
+/// the unfused epilogue kernel follows. Otherwise `Auto` takes, between ranks, the fused
+/// low-latency kernel up to the all-reduce's low-latency limit where the device launches
+/// thread-block clusters (each row spread over a cluster: [`fused_ll_plan`]; without clusters
+/// a row is one block, too few threads polling, and the one-shot wins), the fused one-shot up
+/// to the limit of [`Config::fused_limit`] (the tuning table's fused token limit for the
+/// nearest measured hidden size, else the all-reduce's one-shot limit in bytes; one rank:
+/// always) and the fused two-shot above it. `LowLatency` asked for or configured runs the
+/// low-latency kernel; above the low-latency slots that is [`Error::ExceedsCapacity`], as for
+/// the all-reduce.
 pub(crate) fn route_fused(
     tokens: usize,
     hidden: usize,
@@ -169,12 +170,17 @@ pub(crate) fn route_fused(
     let (algorithm, rule) = match (requested, config.algorithm) {
         // A configured multimem algorithm has no fused kernel: the size rule decides.
         (Algorithm::Auto, configured) if configured == Algorithm::Auto || configured.is_multimem() => {
+            let low_latency = facts.world > 1
+                && facts.clusters
+                && bytes <= config.thresholds(dtype, facts.world).low_latency_max;
             let one_shot = facts.world == 1
                 || match config.fused_limit(dtype, facts.world, hidden) {
                     FusedLimit::Bytes(max) => bytes <= max,
                     FusedLimit::Tokens { max, .. } => tokens <= max,
                 };
-            let a = if one_shot {
+            let a = if low_latency {
+                Algorithm::LowLatency
+            } else if one_shot {
                 Algorithm::OneShot
             } else {
                 Algorithm::TwoShot
@@ -264,7 +270,7 @@ pub(crate) fn explain_fused(
             hidden: measured,
         },
     ) = (
-        size_rule && facts.world > 1,
+        size_rule && facts.world > 1 && route.algorithm() != Algorithm::LowLatency,
         config.fused_limit(route.dtype, facts.world, hidden),
     ) {
         let cmp = if tokens <= max { "<=" } else { ">" };
@@ -430,9 +436,33 @@ mod tests {
     fn auto_routes_by_size_and_grids_are_one_block_per_row() {
         let c = Config::default();
         let f = facts(8, Ok(()));
-        // 8192 × 1 bf16 = 16 KiB: the one-shot, one block (Auto never takes the fused
-        // low-latency kernel, although the all-reduce of 16 KiB would be low-latency).
+        // 8192 × 1 bf16 = 16 KiB, within the all-reduce's low-latency limit: with clusters the
+        // fused low-latency kernel, a row over 8 blocks.
         let r = route_fused(1, 8192, DType::BF16, &c, Algorithm::Auto, f).unwrap();
+        assert_eq!(
+            r.target,
+            Target::Kernel(
+                Kernel::FusedLowLatency,
+                fused_ll_plan(1, 8192, DType::BF16, f)
+            )
+        );
+        let d = explain_fused(&r, (1, 8192), Algorithm::Auto, &c, f);
+        assert!(
+            d.reason.starts_with(
+                "fused all-reduce + residual + RMSNorm, low-latency (no barrier; each row over a cluster of 8 \
+                 blocks): 16384 bytes <= low-latency limit"
+            ),
+            "{}",
+            d.reason
+        );
+        // Up to the limit (2 rows of 8192 bf16 = 32 KiB), then the one-shot.
+        let route_of = |tokens, f| route_fused(tokens, 8192, DType::BF16, &c, Algorithm::Auto, f).unwrap();
+        assert_eq!(route_of(2, f).algorithm(), Algorithm::LowLatency);
+        assert_eq!(route_of(3, f).algorithm(), Algorithm::OneShot);
+        // One rank, or a device without clusters: never the low-latency kernel.
+        assert_eq!(route_of(1, facts(1, Ok(()))).algorithm(), Algorithm::OneShot);
+        let no_clusters = PathFacts { clusters: false, ..f };
+        let r = route_of(1, no_clusters);
         assert_eq!(
             r.target,
             Target::Kernel(
@@ -444,7 +474,7 @@ mod tests {
             unreachable!()
         };
         assert_eq!((p.blocks, p.algorithm), (1, Algorithm::OneShot));
-        let d = explain_fused(&r, (1, 8192), Algorithm::Auto, &c, f);
+        let d = explain_fused(&r, (1, 8192), Algorithm::Auto, &c, no_clusters);
         assert!(
             d.reason.starts_with(
                 "fused all-reduce + residual + RMSNorm, one-shot: 16384 bytes <= one-shot limit"
@@ -452,7 +482,7 @@ mod tests {
             "{}",
             d.reason
         );
-        let kernel = |tokens| match route_fused(tokens, 8192, DType::BF16, &c, Algorithm::Auto, f)
+        let kernel = |tokens| match route_fused(tokens, 8192, DType::BF16, &c, Algorithm::Auto, no_clusters)
             .unwrap()
             .target
         {
@@ -518,6 +548,8 @@ mod tests {
                 ..Config::default()
             };
             let r = route_fused(1, 8192, DType::BF16, &configured, Algorithm::Auto, f).unwrap();
+            assert_eq!((r.algorithm(), r.rule), (Algorithm::LowLatency, Rule::Size));
+            let r = route_fused(4, 8192, DType::BF16, &configured, Algorithm::Auto, f).unwrap();
             assert_eq!((r.algorithm(), r.rule), (Algorithm::OneShot, Rule::Size));
         }
         // The unfused kernel takes any grid.
