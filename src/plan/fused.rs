@@ -441,10 +441,7 @@ mod tests {
         let r = route_fused(1, 8192, DType::BF16, &c, Algorithm::Auto, f).unwrap();
         assert_eq!(
             r.target,
-            Target::Kernel(
-                Kernel::FusedLowLatency,
-                fused_ll_plan(1, 8192, DType::BF16, f)
-            )
+            Target::Kernel(Kernel::FusedLowLatency, fused_ll_plan(1, 8192, DType::BF16, f))
         );
         let d = explain_fused(&r, (1, 8192), Algorithm::Auto, &c, f);
         assert!(
