@@ -39,6 +39,7 @@ use crate::plan::explain::PathDecision;
 use crate::plan::fused::{explain_fused, route_fused, NormShape};
 use crate::plan::grid::grid;
 use crate::plan::route::Target;
+use crate::plan::validate::CallShape;
 
 impl Communicator {
     /// Fused all-reduce + residual add + RMSNorm over `[tokens, hidden]` rows:
@@ -108,24 +109,40 @@ impl Communicator {
                 T::DTYPE
             )
         });
+        let elements = tokens * hidden;
         match route.target {
+            Target::Kernel(kernel, plan) if kernel.is_fused() => {
+                return self.ordered(stream, || peer.launch_norm(kernel, plan, T::DTYPE, &norm, stream));
+            }
+            // `Auto` where the fused kernel would have more rows than blocks: the all-reduce
+            // into norm_out, then the epilogue below.
             Target::Kernel(kernel, plan) => {
-                self.ordered(stream, || peer.launch_norm(kernel, plan, T::DTYPE, &norm, stream))
+                let device = self.device();
+                let shape = CallShape {
+                    dtype: T::DTYPE,
+                    input_len: elements,
+                    output_len: elements,
+                    input_addr: in_ptr,
+                    output_addr: out_ptr,
+                    input_device: device,
+                    output_device: device,
+                    stream_device: device,
+                };
+                self.ordered(stream, || peer.launch_tagged(kernel, plan, &shape, 0, stream))?;
             }
             Target::Nccl => {
                 let nccl = self.nccl()?;
-                self.ordered(stream, || {
-                    nccl.all_reduce::<T>(in_ptr, out_ptr, tokens * hidden, stream)
-                })?;
-                let sums = NormArgs {
-                    input: out_ptr,
-                    ..norm
-                };
-                let plan = grid(Kernel::RmsNorm, tokens, T::DTYPE, self.world, self.limits);
-                self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
-                peer.launch_norm(Kernel::RmsNorm, plan, T::DTYPE, &sums, stream)
+                self.ordered(stream, || nccl.all_reduce::<T>(in_ptr, out_ptr, elements, stream))?;
             }
         }
+        // The unfused epilogue over the sums in norm_out (it reads a row before it writes it).
+        let sums = NormArgs {
+            input: out_ptr,
+            ..norm
+        };
+        let plan = grid(Kernel::RmsNorm, tokens, T::DTYPE, self.world, self.limits);
+        self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+        peer.launch_norm(Kernel::RmsNorm, plan, T::DTYPE, &sums, stream)
     }
 
     /// The unfused epilogue: `residual ← residual + sum` and `norm_out ← RMSNorm(residual) ·

@@ -218,6 +218,14 @@ impl Kernel {
         &KERNELS[self.index()]
     }
 
+    /// One of the fused all-reduce + residual + RMSNorm kernels.
+    pub(crate) const fn is_fused(self) -> bool {
+        matches!(
+            self,
+            Kernel::FusedOneShot | Kernel::FusedTwoShot | Kernel::FusedLowLatency
+        )
+    }
+
     pub(crate) const fn family(self) -> Family {
         self.spec().family
     }

@@ -5,8 +5,8 @@
 
 use super::explain::{explain, PathDecision};
 use super::grid::grid;
-use super::route::{PathFacts, Route, Rule, Target};
-use super::Plan;
+use super::route::{route, CallKind, PathFacts, Route, Rule, Target};
+use super::{algorithm_of, Plan};
 use crate::config::{Algorithm, Config, FusedLimit};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -169,28 +169,29 @@ pub(crate) fn route_fused(
     }
     let (algorithm, rule) = match (requested, config.algorithm) {
         // A configured multimem algorithm has no fused kernel: the size rule decides.
-        (Algorithm::Auto, configured) if configured == Algorithm::Auto || configured.is_multimem() => {
-            let low_latency = facts.world > 1
-                && facts.clusters
-                && bytes <= config.thresholds(dtype, facts.world).low_latency_max;
-            let one_shot = facts.world == 1
-                || match config.fused_limit(dtype, facts.world, hidden) {
-                    FusedLimit::Bytes(max) => bytes <= max,
-                    FusedLimit::Tokens { max, .. } => tokens <= max,
-                };
-            let a = if low_latency {
-                Algorithm::LowLatency
-            } else if one_shot {
-                Algorithm::OneShot
-            } else {
-                Algorithm::TwoShot
-            };
-            (a, Rule::Size)
-        }
+        (Algorithm::Auto, configured) if configured == Algorithm::Auto || configured.is_multimem() => (
+            algorithm_of(size_rule_kernel(tokens, hidden, dtype, config, facts)),
+            Rule::Size,
+        ),
         (Algorithm::Auto, configured) => (configured, Rule::Configured),
         (asked, _) => (asked, Rule::AskedFor),
     };
     let kernel = fused_kernel(algorithm);
+    if rule == Rule::Size && rows_outnumber_blocks(kernel, tokens, dtype, facts).is_some() {
+        let all_reduce = route(
+            CallKind::Buffers,
+            tokens * hidden,
+            dtype,
+            config,
+            Algorithm::Auto,
+            facts,
+        )?;
+        return Ok(Route {
+            rule: Rule::Size,
+            threshold_ignored,
+            ..all_reduce
+        });
+    }
     let plan = if kernel == Kernel::FusedLowLatency {
         if bytes > config.low_latency_limit() {
             return Err(Error::ExceedsCapacity {
@@ -209,6 +210,44 @@ pub(crate) fn route_fused(
         dtype,
         threshold_ignored,
     })
+}
+
+/// The fused kernel of `Auto`'s size rule between ranks: the low-latency kernel up to the
+/// all-reduce's low-latency limit where rows spread over thread-block clusters, the one-shot up
+/// to [`Config::fused_limit`] (one rank: always), the two-shot above.
+fn size_rule_kernel(
+    tokens: usize,
+    hidden: usize,
+    dtype: DType,
+    config: &Config,
+    facts: PathFacts<'_>,
+) -> Kernel {
+    let bytes = tokens.saturating_mul(hidden).saturating_mul(dtype.size());
+    if facts.world > 1 && facts.clusters && bytes <= config.thresholds(dtype, facts.world).low_latency_max {
+        return Kernel::FusedLowLatency;
+    }
+    let one_shot = facts.world == 1
+        || match config.fused_limit(dtype, facts.world, hidden) {
+            FusedLimit::Bytes(max) => bytes <= max,
+            FusedLimit::Tokens { max, .. } => tokens <= max,
+        };
+    if one_shot {
+        Kernel::FusedOneShot
+    } else {
+        Kernel::FusedTwoShot
+    }
+}
+
+/// `Some(blocks)` when the fused one-shot or two-shot `kernel` would have fewer blocks than
+/// `tokens` rows (between ranks): each block would then normalise its rows one after another,
+/// while the all-reduce spreads the bytes over its whole grid and the epilogue kernel takes a
+/// block per row, so `Auto` runs that pair instead (the same arithmetic, so the same bits).
+fn rows_outnumber_blocks(kernel: Kernel, tokens: usize, dtype: DType, facts: PathFacts<'_>) -> Option<usize> {
+    if facts.world < 2 || kernel == Kernel::FusedLowLatency {
+        return None;
+    }
+    let blocks = grid(kernel, tokens, dtype, facts.world, facts.limits).blocks as usize;
+    (tokens > blocks).then_some(blocks)
 }
 
 /// The largest thread-block cluster the fused low-latency kernel uses (the portable size).
@@ -259,6 +298,24 @@ pub(crate) fn explain_fused(
 ) -> PathDecision {
     let mut d = explain(route, requested, config, facts);
     let size_rule = route.rule == Rule::Size;
+    if let (true, Target::Kernel(kernel, _)) = (size_rule, route.target) {
+        if !kernel.is_fused() {
+            let fused = size_rule_kernel(tokens, hidden, route.dtype, config, facts);
+            let blocks = rows_outnumber_blocks(fused, tokens, route.dtype, facts).unwrap_or(0);
+            d.reason = format!(
+                "all-reduce into norm_out, then the residual + RMSNorm kernel ({tokens} rows > the {} blocks \
+                 of the fused {} kernel): {}",
+                blocks,
+                if fused == Kernel::FusedOneShot {
+                    "one-shot"
+                } else {
+                    "two-shot"
+                },
+                d.reason
+            );
+            return d;
+        }
+    }
     if size_rule && facts.world == 1 {
         // The all-reduce's sentence would name its one-rank two-shot.
         d.reason = "one rank: the fused one-shot (no peers to wait for)".to_string();
@@ -489,13 +546,51 @@ mod tests {
         for tokens in 1..=16 {
             assert_eq!(kernel(tokens), Kernel::FusedOneShot, "{tokens} tokens");
         }
-        // 8192 × 32 bf16 = 512 KiB > 256 KiB at W=8: two-shot, one block per row up to the
-        // two-shot limit (16 here).
-        let r = route_fused(32, 8192, DType::BF16, &c, Algorithm::Auto, f).unwrap();
+        // 8192 × 16 bf16 = 256 KiB: one-shot, one block per row.
+        let r = route_fused(16, 8192, DType::BF16, &c, Algorithm::Auto, f).unwrap();
+        let Target::Kernel(k, p) = r.target else { panic!() };
+        assert_eq!((k, p.blocks), (Kernel::FusedOneShot, 16));
+        // 8192 × 16 bf16 = 256 KiB on 17 rows of 7710 (not a real model; 263 KiB > 256 KiB):
+        // two-shot, one block per row up to the two-shot limit (16 here)...
+        let r = route_fused(16, 8200, DType::BF16, &c, Algorithm::Auto, f).unwrap();
         let Target::Kernel(k, p) = r.target else { panic!() };
         assert_eq!(
             (k, p.blocks, p.algorithm),
             (Kernel::FusedTwoShot, 16, Algorithm::TwoShot)
+        );
+        // ... and with more rows than that the all-reduce, then the epilogue kernel: 8192 × 32
+        // bf16 = 512 KiB > 256 KiB at W=8, the all-reduce's own choice (two-shot) and grid.
+        let r = route_fused(32, 8192, DType::BF16, &c, Algorithm::Auto, f).unwrap();
+        assert_eq!(
+            r.target,
+            route(CallKind::Buffers, 32 * 8192, DType::BF16, &c, Algorithm::Auto, f)
+                .unwrap()
+                .target
+        );
+        assert_eq!(
+            r.target,
+            Target::Kernel(
+                Kernel::TwoShot,
+                grid(Kernel::TwoShot, 32 * 8192, DType::BF16, 8, WIDE)
+            )
+        );
+        let d = explain_fused(&r, (32, 8192), Algorithm::Auto, &c, f);
+        assert!(
+            d.reason.starts_with(
+                "all-reduce into norm_out, then the residual + RMSNorm kernel (32 rows > the 16 blocks of the \
+                 fused two-shot kernel): 524288 bytes > one-shot limit"
+            ),
+            "{}",
+            d.reason
+        );
+        // Asked for, the fused kernel runs whatever the rows (a block takes several).
+        let r = route_fused(32, 8192, DType::BF16, &c, Algorithm::TwoShot, f).unwrap();
+        assert_eq!(
+            r.target,
+            Target::Kernel(
+                Kernel::FusedTwoShot,
+                grid(Kernel::FusedTwoShot, 32, DType::BF16, 8, WIDE)
+            )
         );
         let r = route_fused(5, 8192, DType::BF16, &c, Algorithm::TwoShot, f).unwrap();
         let Target::Kernel(_, p) = r.target else { panic!() };
@@ -607,7 +702,15 @@ mod tests {
     }
 
     fn auto(tokens: usize, hidden: usize, dtype: DType, c: &Config, world: usize) -> Kernel {
-        match route_fused(tokens, hidden, dtype, c, Algorithm::Auto, facts(world, Ok(())))
+        // Grids large enough that no row count here outnumbers the blocks.
+        let roomy = PathFacts {
+            limits: Limits {
+                one_shot_blocks: 128,
+                two_shot_blocks: 128,
+            },
+            ..facts(world, Ok(()))
+        };
+        match route_fused(tokens, hidden, dtype, c, Algorithm::Auto, roomy)
             .unwrap()
             .target
         {
@@ -629,7 +732,8 @@ mod tests {
         assert_eq!(auto(32, 8192, DType::BF16, &published, 8), Kernel::FusedTwoShot);
         assert_eq!(auto(32, 8192, DType::BF16, &tuned, 8), Kernel::FusedOneShot);
         assert_eq!(auto(64, 8192, DType::BF16, &tuned, 8), Kernel::FusedOneShot);
-        assert_eq!(auto(65, 8192, DType::BF16, &tuned, 8), Kernel::FusedTwoShot);
+        // 65 rows outnumber any grid (at most 64 blocks): the all-reduce and the epilogue.
+        assert_eq!(auto(65, 8192, DType::BF16, &tuned, 8), Kernel::TwoShot);
         // 4096 × 8 bf16 = 64 KiB: one-shot by the published rule, two-shot by the table.
         assert_eq!(auto(8, 4096, DType::BF16, &published, 8), Kernel::FusedOneShot);
         assert_eq!(auto(8, 4096, DType::BF16, &tuned, 8), Kernel::FusedTwoShot);
@@ -660,8 +764,9 @@ mod tests {
         // A forced algorithm is not moved, and the table does not route to NCCL.
         let r = route_fused(1, 8192, DType::BF16, &tuned, Algorithm::TwoShot, facts(8, Ok(()))).unwrap();
         assert!(matches!(r.target, Target::Kernel(Kernel::FusedTwoShot, _)));
+        // (512 rows: the all-reduce and the epilogue kernel.)
         let r = route_fused(512, 8192, DType::BF16, &tuned, Algorithm::Auto, facts(8, Ok(()))).unwrap();
-        assert!(matches!(r.target, Target::Kernel(Kernel::FusedTwoShot, _)));
+        assert!(matches!(r.target, Target::Kernel(Kernel::TwoShot, _)));
         // The sentence names the token limit and the measured hidden size it came from.
         let f = facts(8, Ok(()));
         let why = |tokens, hidden, c: &Config| {
@@ -673,8 +778,9 @@ mod tests {
             "fused all-reduce + residual + RMSNorm, one-shot: 32 tokens <= fused one-shot limit \
              (64 tokens, from the tuning table's entry for hidden 8192)"
         );
-        assert!(why(65, 8192, &tuned).ends_with(
-            "65 tokens > fused one-shot limit (64 tokens, from the tuning table's entry for hidden 8192)"
+        assert!(why(65, 8192, &tuned).starts_with(
+            "all-reduce into norm_out, then the residual + RMSNorm kernel (65 rows > the 16 blocks of the fused \
+             two-shot kernel)"
         ));
         assert!(why(32, 8192, &published).ends_with("524288 bytes > one-shot limit (262144)"));
         assert!(why(2, 8192, &explicit).contains("bytes > one-shot limit (16384)"));
