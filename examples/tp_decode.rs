@@ -16,7 +16,7 @@
 //! `residual_rmsnorm`) and **compute-only** (the all-reduce removed: `residual_rmsnorm` on
 //! the rank's own partial sums), and each is timed in the same run; so are the fused step with
 //! the low-latency and the one-shot kernel forced, and the all-reduce + norm points alone
-//! (every algorithm).
+//! (every algorithm, and the all-reduce without the norm).
 //!
 //! cudarc's defaults are kept (event tracking on). The crate's calls handle capture
 //! themselves; cudarc's cuBLAS wrapper would wait on buffer events under capture, so the
@@ -124,9 +124,11 @@ enum Variant {
     /// The whole step with the fused call's algorithm forced (low-latency only up to its limit).
     FusedLowLatency,
     FusedOneShot,
+    /// The all-reduce alone (no norm): what the fused call is measured against.
+    AllReduceAlone,
 }
 
-const VARIANTS: [Variant; 10] = [
+const VARIANTS: [Variant; 11] = [
     Variant::Fused,
     Variant::Unfused,
     Variant::ComputeOnly,
@@ -137,6 +139,7 @@ const VARIANTS: [Variant; 10] = [
     Variant::FusedAloneTwoShot,
     Variant::FusedLowLatency,
     Variant::FusedOneShot,
+    Variant::AllReduceAlone,
 ];
 
 impl Variant {
@@ -152,6 +155,7 @@ impl Variant {
             Variant::FusedAloneTwoShot => "fused alone, two-shot",
             Variant::FusedLowLatency => "fused AR+norm, low-lat.",
             Variant::FusedOneShot => "fused AR+norm, one-shot",
+            Variant::AllReduceAlone => "all-reduce alone",
         }
     }
 }
@@ -354,6 +358,9 @@ impl Rank {
                 )
                 .map_err(e)
             }
+            Variant::AllReduceAlone => comm
+                .all_reduce(&self.partial, &mut self.sum, &self.stream)
+                .map_err(e),
             Variant::ComputeOnly => comm
                 .residual_rmsnorm(
                     &self.partial,
@@ -375,6 +382,7 @@ impl Rank {
                 | Variant::FusedAloneLowLatency
                 | Variant::FusedAloneOneShot
                 | Variant::FusedAloneTwoShot
+                | Variant::AllReduceAlone
         ) {
             self.reduce_norm(comm, v)?;
             return self.reduce_norm(comm, v);
@@ -630,6 +638,12 @@ fn run() -> Result<(), String> {
             alone(t[6]),
             alone(t[7]),
             per_call(t[9])
+        );
+        println!(
+            "  alone per call: all-reduce {:.2} us, fused {:.2} us (fused - all-reduce = {:+.2} us)",
+            alone(t[10]),
+            alone(t[3]),
+            alone(t[3]) - alone(t[10])
         );
     }
     Ok(())
