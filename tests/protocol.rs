@@ -320,16 +320,17 @@ fn a_graph_replayed_after_a_timeout_returns_within_twice_the_timeout(ctx: Arc<Cu
         Algorithm::LowLatency,
         Algorithm::Auto,
     ];
-    stream
-        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
-        .unwrap();
     // Every fifth call the fused low-latency kernel over one row of 8192 f32 (32 KiB): a
     // row over a thread-block cluster of 8 blocks where the device has clusters, so a refused
-    // call's blocks stand down together (kernels/fused_norm.cuh).
+    // call's blocks stand down together (kernels/fused_norm.cuh). Its buffers are made before
+    // the capture (made during it, they would be the graph's own allocations).
     const HIDDEN: usize = 8192;
     let weight = stream.clone_htod(&vec![1.0f32; HIDDEN]).unwrap();
     let mut residual = stream.clone_htod(&vec![2.0f32; HIDDEN]).unwrap();
     let mut norm_out = stream.alloc_zeros::<f32>(HIDDEN).unwrap();
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+        .unwrap();
     for i in 0..20 {
         if i % 5 == 4 {
             comms[0]
