@@ -15,15 +15,19 @@
 //! 4. `inv = 1 / sqrt(ss / hidden + eps)` (`__fdiv_rn`, `__fsqrt_rn`: IEEE, not `rsqrtf`);
 //! 5. `norm_out = round(round(r · inv) · weight)` (Hugging Face Llama's order).
 //!
-//! One block per row, so nothing depends on the grid: the fused low-latency kernel, the fused
-//! one-shot, the fused two-shot, every rank, and `all_reduce` followed by
-//! [`Communicator::residual_rmsnorm`] give the same bits. The low-latency kernel has no
-//! barrier: every rank pushes its rows as the low-latency all-reduce's 16-byte lines and sums
-//! the lines that arrive (`norm_out` holds the sums until the epilogue overwrites them). The two-shot splits the *reduction* by rows (rank q sums the rows of its range of
-//! `⌈T/W⌉` and keeps the sums in its buffer) and every rank runs the epilogue on every row
-//! with its own residual, so a rank's residual and weight never leave it and each rank's
-//! result is what the one-shot computes from its own residual
-//! (in tensor parallelism the residual is replicated, so all ranks hold the same bits).
+//! The 512 threads of step 3 are those of one block per row in the one-shot and two-shot
+//! kernels and in the epilogue kernel; the low-latency kernel spreads a row over a cluster of
+//! C blocks (compute capability 9.0+) and block c runs the threads `c·512/C …` of that tree
+//! as "virtual threads", exchanging its warp sums through distributed shared memory. So
+//! nothing depends on the grid: the fused low-latency kernel, the fused one-shot, the fused
+//! two-shot, every rank, and `all_reduce` followed by [`Communicator::residual_rmsnorm`] give
+//! the same bits. The low-latency kernel has no barrier: every rank pushes its rows a 32-bit
+//! word per thread into every peer's low-latency slots and sums the words that arrive, as the
+//! low-latency all-reduce does. The two-shot splits the *reduction* by rows (rank q sums the
+//! rows of its range of `⌈T/W⌉` and keeps the sums in its buffer) and every rank runs the
+//! epilogue on every row with its own residual, so a rank's residual and weight never leave it
+//! and each rank's result is what the one-shot computes from its own residual (in tensor
+//! parallelism the residual is replicated, so all ranks hold the same bits).
 
 use std::sync::Arc;
 
@@ -44,9 +48,9 @@ use crate::plan::validate::CallShape;
 impl Communicator {
     /// Fused all-reduce + residual add + RMSNorm over `[tokens, hidden]` rows:
     /// `residual ← residual + Σ_ranks input` and `norm_out ← RMSNorm(residual) · weight`,
-    /// in one kernel (see the module documentation of the exact numerics; `hidden` is
-    /// `weight.len()`, a multiple of the dtype's elements per 16-byte pack, at most
-    /// [`MAX_HIDDEN`](crate::MAX_HIDDEN)). Every rank passes its own partial sums, its own
+    /// in one kernel where that is faster (see the module documentation of the exact
+    /// numerics; `hidden` is `weight.len()`, a multiple of the dtype's elements per 16-byte
+    /// pack, at most [`MAX_HIDDEN`](crate::MAX_HIDDEN)). Every rank passes its own partial sums, its own
     /// residual (the same on every rank in tensor parallelism) and the weight. Bit-identical
     /// to [`all_reduce`](Self::all_reduce) followed by
     /// [`residual_rmsnorm`](Self::residual_rmsnorm). Capturable like `all_reduce`.
@@ -66,9 +70,13 @@ impl Communicator {
     /// `LowLatency` (up to [`Config::low_latency_limit`](crate::Config::low_latency_limit)
     /// bytes, else [`Error::ExceedsCapacity`]), `OneShot` or `TwoShot` (the multimem
     /// algorithms have no fused kernel: [`Error::InvalidConfig`]; `Nccl` runs NCCL's
-    /// all-reduce into `norm_out`, then the unfused epilogue). `Auto` takes the one-shot up
-    /// to the fused one-shot limit and the two-shot above, never the low-latency kernel (one
-    /// block per row polls too few lines at decode's row counts: docs/fused.md); [`add_rmsnorm_path`](Self::add_rmsnorm_path) says which and why.
+    /// all-reduce into `norm_out`, then the unfused epilogue). `Auto`, between ranks: the
+    /// low-latency kernel up to the all-reduce's low-latency limit on devices with
+    /// thread-block clusters (compute capability 9.0+: a row spread over a cluster), the
+    /// one-shot up to the fused one-shot limit, the two-shot above; and where the chosen
+    /// one-shot or two-shot kernel would have fewer blocks than there are rows, the
+    /// all-reduce into `norm_out` followed by the epilogue kernel (same bits; docs/fused.md).
+    /// [`add_rmsnorm_path`](Self::add_rmsnorm_path) says which and why.
     #[allow(clippy::too_many_arguments)]
     pub fn all_reduce_add_rmsnorm_with<T: Element>(
         &self,
