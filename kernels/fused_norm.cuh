@@ -246,6 +246,10 @@ __device__ __forceinline__ void fused_low_latency(const NormArgs& f, const SymmA
             if (w != ~0u) coll.broadcast_word(buffer, row * packs * 4 + w, wire_word(in[row * packs * 4 + w]));
         }
     }
+    // The weight word of this thread's first local word (the same in every row), loaded before
+    // any wait so that its latency is not paid after the cluster barrier.
+    const uint32_t w0 = threadIdx.x < local_words ? row_word(threadIdx.x) : ~0u;
+    const uint32_t weight0 = w0 != ~0u ? __ldg(weight + w0) : 0u;
     uint32_t parity = 0;
     for (uint64_t row = first_row; row < f.tokens; row += row_step, parity ^= 1) {
         const uint64_t base = row * packs * 4;
@@ -275,6 +279,9 @@ __device__ __forceinline__ void fused_low_latency(const NormArgs& f, const SymmA
             }
         }
         failed = __syncthreads_or(failed);
+        // Every peer's words for this block's last row have arrived: the next kernel may start
+        // launching (what remains waits only for blocks of this cluster, all running).
+        if (!failed && row + row_step >= f.tokens) pdl_trigger(a);
 
         // This block's virtual threads: their chains, in index order, over shared memory.
         float ss = 0.0f;
@@ -311,15 +318,13 @@ __device__ __forceinline__ void fused_low_latency(const NormArgs& f, const SymmA
             const uint32_t sum = stashed ? words[m] : out[base + w];
             res[base + w] = sum;
             word_to_float<T>(sum, r);
-            word_to_float<T>(__ldg(weight + w), g);
+            word_to_float<T>(m == threadIdx.x ? weight0 : __ldg(weight + w), g);
 #pragma unroll
             for (uint32_t e = 0; e < PER_WORD; ++e) r[e] = __fmul_rn(round_to<T>(__fmul_rn(r[e], inv)), g[e]);
             out[base + w] = float_to_word<T>(r);
         }
         __syncthreads();  // `stash` is refilled by the next row
     }
-    // Every peer's words for this block's rows have arrived: the next kernel may start launching.
-    pdl_trigger(a);
     end_call(a, epoch);
 }
 

@@ -213,8 +213,9 @@ pub(crate) fn route_fused(
 }
 
 /// The fused kernel of `Auto`'s size rule between ranks: the low-latency kernel up to the
-/// all-reduce's low-latency limit where rows spread over thread-block clusters, the one-shot up
-/// to [`Config::fused_limit`] (one rank: always), the two-shot above.
+/// all-reduce's low-latency limit where rows spread over thread-block clusters and every row
+/// has a cluster of its own, the one-shot up to [`Config::fused_limit`] (one rank: always),
+/// the two-shot above.
 fn size_rule_kernel(
     tokens: usize,
     hidden: usize,
@@ -224,7 +225,13 @@ fn size_rule_kernel(
 ) -> Kernel {
     let bytes = tokens.saturating_mul(hidden).saturating_mul(dtype.size());
     if facts.world > 1 && facts.clusters && bytes <= config.thresholds(dtype, facts.world).low_latency_max {
-        return Kernel::FusedLowLatency;
+        // Only where every row has a cluster of its own: a cluster takes its rows one after
+        // another, each a full wait and cluster barrier (8192 × 2 bf16 on one cluster of 4
+        // blocks: 12.3 µs, the one-shot 9.4).
+        let plan = fused_ll_plan(tokens, hidden, dtype, facts);
+        if plan.blocks as usize >= tokens * plan.cluster as usize {
+            return Kernel::FusedLowLatency;
+        }
     }
     let one_shot = facts.world == 1
         || match config.fused_limit(dtype, facts.world, hidden) {
@@ -513,6 +520,28 @@ mod tests {
         let route_of = |tokens, f| route_fused(tokens, 8192, DType::BF16, &c, Algorithm::Auto, f).unwrap();
         assert_eq!(route_of(2, f).algorithm(), Algorithm::LowLatency);
         assert_eq!(route_of(3, f).algorithm(), Algorithm::OneShot);
+        // Four blocks a rank (eight virtual ranks sharing 132 SMs): one cluster of four, so
+        // one row; two rows would take turns on it, and the one-shot runs them side by side.
+        let narrow = PathFacts {
+            limits: Limits {
+                one_shot_blocks: 4,
+                two_shot_blocks: 4,
+            },
+            ..f
+        };
+        let r = route_of(1, narrow);
+        assert_eq!(
+            r.target,
+            Target::Kernel(
+                Kernel::FusedLowLatency,
+                fused_ll_plan(1, 8192, DType::BF16, narrow)
+            )
+        );
+        let Target::Kernel(_, p) = r.target else {
+            unreachable!()
+        };
+        assert_eq!((p.blocks, p.cluster), (4, 4));
+        assert_eq!(route_of(2, narrow).algorithm(), Algorithm::OneShot);
         // One rank, or a device without clusters: never the low-latency kernel.
         assert_eq!(route_of(1, facts(1, Ok(()))).algorithm(), Algorithm::OneShot);
         let no_clusters = PathFacts { clusters: false, ..f };
