@@ -47,13 +47,15 @@ __device__ __forceinline__ uint64_t begin_call(const SymmArgs& a) {
     if (a.flags & FLAG_PDL_EARLY) pdl_launch_dependents();
     const ulonglong2 s = ld_state_sys(block_state(a));
     const uint32_t poison = static_cast<uint32_t>(s.y);
-    if (__syncthreads_or(poison != 0)) {
-        if (poison != 0) note_error(a, poison);
-        return 0;
-    }
     const uint64_t epoch = s.x + 1;
-    if (epoch >> EPOCH_BITS) {
-        if (blockIdx.x == 0 && threadIdx.x == 0) note_error(a, ERROR_EPOCHS_EXHAUSTED | (a.rank << 24));
+    // One vote for both refusals (the epoch is the same in every thread: the previous kernel
+    // wrote it and has completed).
+    if (__builtin_expect(__syncthreads_or(poison != 0 || (epoch >> EPOCH_BITS) != 0), 0)) {
+        if (poison != 0) {
+            note_error(a, poison);
+        } else if (blockIdx.x == 0 && threadIdx.x == 0 && (epoch >> EPOCH_BITS) != 0) {
+            note_error(a, ERROR_EPOCHS_EXHAUSTED | (a.rank << 24));
+        }
         return 0;
     }
     if (a.check_shape != 0 && !check_call(a, epoch)) return 0;
@@ -142,7 +144,8 @@ __device__ __forceinline__ bool block_barrier_impl(const SymmArgs& a, uint32_t p
                 break;
             }
         }
-        if (!failed && seen >> IDENT_BITS == epoch && static_cast<uint32_t>(seen & 0xffff) != a.ident) {
+        if (__builtin_expect(!failed && seen >> IDENT_BITS == epoch && static_cast<uint32_t>(seen & 0xffff) != a.ident,
+                             0)) {
             report_ident_divergence(a, phase, t, static_cast<uint32_t>(seen & 0xffff));
             failed = 1;
         }
