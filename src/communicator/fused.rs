@@ -50,9 +50,9 @@ impl Communicator {
     /// `residual ← residual + Σ_ranks input` and `norm_out ← RMSNorm(residual) · weight`,
     /// in one kernel where that is faster (see the module documentation of the exact
     /// numerics; `hidden` is `weight.len()`, a multiple of the dtype's elements per 16-byte
-    /// pack, at most [`MAX_HIDDEN`](crate::MAX_HIDDEN)). Every rank passes its own partial sums, its own
-    /// residual (the same on every rank in tensor parallelism) and the weight. Bit-identical
-    /// to [`all_reduce`](Self::all_reduce) followed by
+    /// pack, at most [`MAX_HIDDEN`](crate::MAX_HIDDEN)). Every rank passes its own partial
+    /// sums, its own residual (the same on every rank in tensor parallelism) and the weight.
+    /// Bit-identical to [`all_reduce`](Self::all_reduce) followed by
     /// [`residual_rmsnorm`](Self::residual_rmsnorm). Capturable like `all_reduce`.
     pub fn all_reduce_add_rmsnorm<T: Element>(
         &self,

@@ -579,8 +579,8 @@ mod tests {
         let r = route_fused(16, 8192, DType::BF16, &c, Algorithm::Auto, f).unwrap();
         let Target::Kernel(k, p) = r.target else { panic!() };
         assert_eq!((k, p.blocks), (Kernel::FusedOneShot, 16));
-        // 8192 × 16 bf16 = 256 KiB on 17 rows of 7710 (not a real model; 263 KiB > 256 KiB):
-        // two-shot, one block per row up to the two-shot limit (16 here)...
+        // 16 rows of 8200 bf16 = 262400 bytes > 256 KiB: two-shot, one block per row up to the
+        // two-shot limit (16 here)...
         let r = route_fused(16, 8200, DType::BF16, &c, Algorithm::Auto, f).unwrap();
         let Target::Kernel(k, p) = r.target else { panic!() };
         assert_eq!(
