@@ -27,12 +27,12 @@
 //! keeps the published starting points.
 //!
 //! `fused` holds the crossovers of the fused all-reduce + residual + RMSNorm call
-//! ([`crate::Communicator::all_reduce_add_rmsnorm`]), which has two kernels: `Auto` takes the
-//! fused one-shot for calls of up to `max_tokens.one_shot` rows (tokens, inclusive; 0: never)
-//! and the fused two-shot above. Entries are per (dtype, world, hidden size); a call whose
-//! hidden size was not measured takes the entry of the nearest measured one (by ratio; a tie
-//! goes to the larger), with its token limit unchanged (the one-shot and two-shot run one block per row, so
-//! rows, not bytes, set the grid). A (dtype, world) without fused entries keeps the published
+//! ([`crate::Communicator::all_reduce_add_rmsnorm`]): above the fused low-latency kernel's
+//! range, `Auto` takes the fused one-shot for calls of up to `max_tokens.one_shot` rows
+//! (tokens, inclusive; 0: never) and the fused two-shot above. Entries are per (dtype, world,
+//! hidden size); a call whose hidden size was not measured takes the entry of the nearest
+//! measured one (by ratio; a tie goes to the larger), with its token limit unchanged (the
+//! one-shot and two-shot run one block per row, so rows, not bytes, set the grid). A (dtype, world) without fused entries keeps the published
 //! rule: the all-reduce's one-shot limit in bytes. NCCL is not measured for the fused call:
 //! it takes NCCL (then the unfused epilogue) only above `Config::nccl_above_bytes`, or the
 //! capacity.
