@@ -286,6 +286,8 @@ __device__ __forceinline__ void fused_low_latency(const NormArgs& f, const SymmA
         // This block's virtual threads: their chains, in index order, over shared memory.
         float ss = 0.0f;
         if (threadIdx.x < nv) {
+            // Local pack q = threadIdx.x + nv·j is `row_word`'s pack with q % nv and q / nv
+            // written out (through the lambda the compiler divides by nv: ~140 more SASS).
             for (uint32_t j = 0; j < stripes; ++j) {
                 if (c * nv + threadIdx.x + NORM_THREADS * j >= packs) break;
                 float x[Elem<T>::PER_PACK];
