@@ -213,9 +213,6 @@ __device__ __forceinline__ void fused_low_latency(const NormArgs& f, const SymmA
     const uint32_t cluster = f.cluster;
     const uint32_t c = blockIdx.x % cluster;
     cluster_arrive_relaxed();
-    const uint64_t epoch = begin_call(a);
-    if (epoch == 0) return fused_ll_stand_down(red, cluster);
-    const uint32_t buffer = static_cast<uint32_t>(epoch % LL_BUFFERS);
     const uint32_t packs = f.hidden / Elem<T>::PER_PACK;
     const uint32_t nv = NORM_THREADS / cluster;  // this block's virtual threads
     const uint32_t stripes = (packs + NORM_THREADS - 1) / NORM_THREADS;
@@ -239,17 +236,28 @@ __device__ __forceinline__ void fused_low_latency(const NormArgs& f, const SymmA
         const uint32_t pack = c * nv + q % nv + NORM_THREADS * (q / nv);
         return pack < packs ? pack * 4 + m % 4 : ~0u;
     };
+    // This thread's first input word (of its first row) and the weight word of its first local
+    // word (the same in every row), loaded while `begin_call` reads the call state: the input's
+    // latency overlaps the state load's, the weight's is not paid after the cluster barrier.
+    const uint32_t w0 = threadIdx.x < local_words ? row_word(threadIdx.x) : ~0u;
+    uint32_t in0 = 0, weight0 = 0;
+    const auto prefetch = [&] {
+        if (w0 != ~0u) {
+            if (first_row < f.tokens) in0 = in[first_row * packs * 4 + w0];
+            weight0 = __ldg(weight + w0);
+        }
+    };
+    const uint64_t epoch = begin_call(a, prefetch);
+    if (epoch == 0) return fused_ll_stand_down(red, cluster);
+    const uint32_t buffer = static_cast<uint32_t>(epoch % LL_BUFFERS);
 
     for (uint64_t row = first_row; row < f.tokens; row += row_step) {
         for (uint32_t m = threadIdx.x; m < local_words; m += blockDim.x) {
             const uint32_t w = row_word(m);
-            if (w != ~0u) coll.broadcast_word(buffer, row * packs * 4 + w, wire_word(in[row * packs * 4 + w]));
+            const uint64_t i = row * packs * 4 + w;
+            if (w != ~0u) coll.broadcast_word(buffer, i, wire_word(row == first_row && m == threadIdx.x ? in0 : in[i]));
         }
     }
-    // The weight word of this thread's first local word (the same in every row), loaded before
-    // any wait so that its latency is not paid after the cluster barrier.
-    const uint32_t w0 = threadIdx.x < local_words ? row_word(threadIdx.x) : ~0u;
-    const uint32_t weight0 = w0 != ~0u ? __ldg(weight + w0) : 0u;
     uint32_t parity = 0;
     for (uint64_t row = first_row; row < f.tokens; row += row_step, parity ^= 1) {
         const uint64_t base = row * packs * 4;

@@ -189,7 +189,7 @@ __device__ __forceinline__ bool ll_reduce_word(const SymmArgs& a, uint32_t buffe
 
 // The low-latency all-reduce with one 32-bit word per thread (every message whose words the
 // grid covers, which is every one the low-latency kernel takes): thread i pushes word i of
-// its input into its slot of every peer's buffer (the policy's `broadcast_word`: W - 1
+// its input (`own`, loaded by the caller) into its slot of every peer's buffer (the policy's `broadcast_word`: W - 1
 // unicast stores, or one multicast store), then `ll_reduce_word`: polls word i of every
 // peer's slot in its own buffer until none reads as the all-ones sentinel, sums them in rank
 // order 0..W-1 in fp32 (its own word from registers) and re-arms them. 32-bit stores are single-copy atomic
@@ -201,10 +201,9 @@ __device__ __forceinline__ bool ll_reduce_word(const SymmArgs& a, uint32_t buffe
 // path (its sum above all) shrinks fourfold, and on the H200 every instruction on it shows
 // (docs/design.md, "Words, not lines"). False when the wait failed.
 template <typename Coll, typename T>
-__device__ __forceinline__ bool ll_all_reduce_word(const Coll& coll, const T* in, T* out, uint64_t n,
+__device__ __forceinline__ bool ll_all_reduce_word(const Coll& coll, uint32_t own, T* out, uint64_t n,
                                                    const SymmArgs& a, uint32_t buffer, uint64_t i) {
     constexpr uint32_t PER_WORD = 4 / sizeof(T);
-    const uint32_t own = load_word(in, n, i, is_aligned(in, 4));
     coll.broadcast_word(buffer, i, wire_word(own));
     union {
         uint32_t bits;
@@ -256,23 +255,32 @@ __device__ __forceinline__ bool ll_all_reduce_word(const Coll& coll, const T* in
 template <typename Coll, typename T>
 __device__ __forceinline__ void one_shot_ll(const T* in, T* out, uint64_t n, const SymmArgs& a) {
     constexpr uint32_t PER_LINE = Elem<T>::PER_PACK;
-    const uint64_t epoch = begin_call(a);
-    if (epoch == 0) return;
     const uint64_t lines = (n + PER_LINE - 1) / PER_LINE;
     const PackLoop loop;  // one thread per word or line
-    const uint32_t buffer = static_cast<uint32_t>(epoch % LL_BUFFERS);
     const bool in_aligned = is_aligned(in, 16), out_aligned = is_aligned(out, 16);
+    const uint64_t words = (n * sizeof(T) + 3) / 4;
+    const bool by_word = Coll::WORDS && words <= loop.step;
+    // This thread's first word (in `.x`) or line of the input, loaded while `begin_call` reads
+    // the call state; it stays in registers as this rank's own contribution.
+    uint4 own_first = make_uint4(0, 0, 0, 0);
+    const auto prefetch = [&] {
+        if (by_word && loop.first < words) {
+            own_first.x = load_word(in, n, loop.first, is_aligned(in, 4));
+        } else if (!by_word && loop.first < lines) {
+            own_first = load_line(in, n, loop.first, in_aligned);
+        }
+    };
+    const uint64_t epoch = begin_call(a, prefetch);
+    if (epoch == 0) return;
+    const uint32_t buffer = static_cast<uint32_t>(epoch % LL_BUFFERS);
     const Coll coll(a, 0);
 
-    const uint64_t words = (n * sizeof(T) + 3) / 4;
-    if (Coll::WORDS && words <= loop.step) {
+    if (by_word) {
         // One 32-bit word per thread (`ll_all_reduce_word`); a thread past the message has
         // nothing to wait for and so does not let the next kernel launch.
-        if (loop.first < words && ll_all_reduce_word(coll, in, out, n, a, buffer, loop.first)) pdl_trigger(a);
+        if (loop.first < words && ll_all_reduce_word(coll, own_first.x, out, n, a, buffer, loop.first)) pdl_trigger(a);
     } else {
-        // One 16-byte line per thread and step; the first line stays in registers as this
-        // rank's own contribution.
-        const uint4 own_first = loop.first < lines ? load_line(in, n, loop.first, in_aligned) : make_uint4(0, 0, 0, 0);
+        // One 16-byte line per thread and step.
         for (uint64_t l = loop.first; l < lines; l += loop.step) {
             coll.broadcast_line(buffer, l,
                                 as_words(wire_pack(l == loop.first ? own_first : load_line(in, n, l, in_aligned))));

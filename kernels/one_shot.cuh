@@ -16,18 +16,24 @@ namespace symm {
 // which it does only after this call's kernel completed there (signals.cuh).
 template <typename Coll, typename T>
 __device__ __forceinline__ void one_shot(const T* in, T* out, uint64_t n, const SymmArgs& a) {
-    const uint64_t epoch = begin_call(a);
-    if (epoch == 0) return;
-    const uint32_t parity = epoch & 1;
     const uint64_t packs = n / Elem<T>::PER_PACK;
     const PackLoop loop;
     // A view at any element offset: packs of unaligned buffers are assembled from elements
     // (uniform over the grid; same bits).
     const bool in_aligned = is_aligned(in, 16), out_aligned = is_aligned(out, 16);
+    // This thread's first pack, loaded while `begin_call` reads the call state.
+    uint4 first = make_uint4(0, 0, 0, 0);
+    const auto prefetch = [&] {
+        if (loop.first < packs) first = load_pack(in, loop.first, in_aligned);
+    };
+    const uint64_t epoch = begin_call(a, prefetch);
+    if (epoch == 0) return;
+    const uint32_t parity = epoch & 1;
     const Coll coll(a, a.data_offset + parity * a.data_bytes);
     uint4* mine = reinterpret_cast<uint4*>(coll.buffer(a.rank));
 
-    for (uint64_t i = loop.first; i < packs; i += loop.step) mine[i] = load_pack(in, i, in_aligned);
+    if (loop.first < packs) mine[loop.first] = first;
+    for (uint64_t i = loop.first + loop.step; i < packs; i += loop.step) mine[i] = load_pack(in, i, in_aligned);
     copy_tail_in(a, parity, in, n);
 
     if (coll.barrier_arrive(PHASE_START, epoch)) {

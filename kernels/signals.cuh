@@ -42,10 +42,21 @@ __device__ __forceinline__ uint64_t* signal_slot(const SymmArgs& a, uint32_t own
 // every thread of the block returns or none does. `pdl_wait` first, so the previous kernel on
 // the stream has completed; with the divergence check on, every peer's call is compared
 // first. Call it before touching any input, output or workspace.
-__device__ __forceinline__ uint64_t begin_call(const SymmArgs& a) {
+//
+// `prefetch` (loads only, never a store) runs right after the call-state load is issued: a
+// kernel loads its first input words there, so that their latency overlaps the state load's
+// instead of following the block's vote. The input is complete once `pdl_wait` has returned,
+// and reading it is harmless when the call is then refused (nothing is written).
+struct NoPrefetch {
+    __device__ __forceinline__ void operator()() const {}
+};
+
+template <typename Prefetch = NoPrefetch>
+__device__ __forceinline__ uint64_t begin_call(const SymmArgs& a, const Prefetch& prefetch = Prefetch()) {
     pdl_wait();
     if (a.flags & FLAG_PDL_EARLY) pdl_launch_dependents();
     const ulonglong2 s = ld_state_sys(block_state(a));
+    prefetch();
     const uint32_t poison = static_cast<uint32_t>(s.y);
     const uint64_t epoch = s.x + 1;
     // One vote for both refusals (the epoch is the same in every thread: the previous kernel

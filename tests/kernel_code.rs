@@ -338,13 +338,15 @@ fn every_kernel_returns_at_once_on_a_refused_call() {
         let source = std::fs::read_to_string(&path).unwrap();
         let lines: Vec<&str> = source.lines().map(str::trim).collect();
         for (i, line) in lines.iter().enumerate() {
-            if line.starts_with("//") || !line.contains("begin_call(a)") {
+            if line.starts_with("//") || !line.contains("begin_call(a") {
                 continue;
             }
             // The epoch is taken into a variable, never passed on (a barrier would run on 0).
             assert!(
-                line.starts_with("const uint64_t epoch = ") && line.ends_with("begin_call(a);"),
-                "{}:{}: `{line}`: take the epoch with `const uint64_t epoch = begin_call(a);`",
+                line.starts_with("const uint64_t epoch = ")
+                    && (line.ends_with("begin_call(a);") || line.ends_with("begin_call(a, prefetch);")),
+                "{}:{}: `{line}`: take the epoch with `const uint64_t epoch = begin_call(a);` \
+                 (or `begin_call(a, prefetch);`)",
                 path.display(),
                 i + 1
             );
@@ -368,6 +370,46 @@ fn every_kernel_returns_at_once_on_a_refused_call() {
             );
             sites += 1;
         }
+        // What `begin_call` runs before the block's vote (`prefetch`) only loads: a refused
+        // call writes nothing.
+        let mut in_prefetch = false;
+        for (i, line) in lines.iter().enumerate() {
+            if line.starts_with("const auto prefetch = [&] {") {
+                in_prefetch = true;
+            } else if in_prefetch && *line == "};" {
+                in_prefetch = false;
+            } else if in_prefetch {
+                // Every assignment's target is a register (a name or a field of one).
+                let parts: Vec<&str> = line.split(" = ").collect();
+                let assigns_memory = parts[..parts.len() - 1].iter().any(|lhs| {
+                    let target = lhs.rsplit([' ', '(', '{']).next().unwrap_or("");
+                    target.is_empty()
+                        || !target
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+                });
+                let stores = [
+                    "st_rel",
+                    "st_line",
+                    "store",
+                    "broadcast",
+                    "atomic",
+                    "note_error",
+                    "poison",
+                ];
+                assert!(
+                    !assigns_memory && !stores.iter().any(|s| line.contains(s)),
+                    "{}:{}: `{line}`: a prefetch stores (only loads into registers belong there)",
+                    path.display(),
+                    i + 1
+                );
+            }
+        }
+        assert!(
+            !in_prefetch,
+            "{}: a prefetch lambda without its `}};`",
+            path.display()
+        );
     }
     // one-shot, two-shot, in-place, low-latency, reduce-scatter (both), all-gather (both),
     // pool two-shot, the three fused kernels and the sync floor.
