@@ -236,46 +236,26 @@ __device__ __forceinline__ void fused_low_latency(const NormArgs& f, const SymmA
         const uint32_t pack = c * nv + q % nv + NORM_THREADS * (q / nv);
         return pack < packs ? pack * 4 + m % 4 : ~0u;
     };
-    // This thread's first two local words (the most a thread has at a cluster of 4 and hidden
-    // 8192): their input words of the first row and their weight words (the same in every
-    // row), loaded while `begin_call` reads the call state. The input's latency then overlaps
-    // the state load's instead of following the vote (the second word's load would otherwise
-    // wait behind the first word's pushes), the weight's is not paid after the cluster barrier.
+    // This thread's first input word (of its first row) and the weight word of its first local
+    // word (the same in every row), loaded while `begin_call` reads the call state: the input's
+    // latency overlaps the state load's, the weight's is not paid after the cluster barrier.
     const uint32_t w0 = threadIdx.x < local_words ? row_word(threadIdx.x) : ~0u;
-    const uint32_t w1 = threadIdx.x + blockDim.x < local_words ? row_word(threadIdx.x + blockDim.x) : ~0u;
-    uint32_t in0 = 0, in1 = 0, weight0 = 0, weight1 = 0;
+    uint32_t in0 = 0, weight0 = 0;
     const auto prefetch = [&] {
-        const uint64_t row0 = static_cast<uint64_t>(first_row) * packs * 4;
         if (w0 != ~0u) {
-            if (first_row < f.tokens) in0 = in[row0 + w0];
+            if (first_row < f.tokens) in0 = in[first_row * packs * 4 + w0];
             weight0 = __ldg(weight + w0);
-        }
-        if (w1 != ~0u) {
-            if (first_row < f.tokens) in1 = in[row0 + w1];
-            weight1 = __ldg(weight + w1);
         }
     };
     const uint64_t epoch = begin_call(a, prefetch);
     if (epoch == 0) return fused_ll_stand_down(red, cluster);
     const uint32_t buffer = static_cast<uint32_t>(epoch % LL_BUFFERS);
-    // Local word m's input word (index i) in `row`, and its weight word (index w): the
-    // prefetched ones where there are.
-    const auto input_word = [&](uint64_t row, uint32_t m, uint64_t i) {
-        if (row == first_row && m == threadIdx.x) return in0;
-        if (row == first_row && m == threadIdx.x + blockDim.x) return in1;
-        return in[i];
-    };
-    const auto weight_word = [&](uint32_t m, uint32_t w) {
-        if (m == threadIdx.x) return weight0;
-        if (m == threadIdx.x + blockDim.x) return weight1;
-        return __ldg(weight + w);
-    };
 
     for (uint64_t row = first_row; row < f.tokens; row += row_step) {
         for (uint32_t m = threadIdx.x; m < local_words; m += blockDim.x) {
             const uint32_t w = row_word(m);
             const uint64_t i = row * packs * 4 + w;
-            if (w != ~0u) coll.broadcast_word(buffer, i, wire_word(input_word(row, m, i)));
+            if (w != ~0u) coll.broadcast_word(buffer, i, wire_word(row == first_row && m == threadIdx.x ? in0 : in[i]));
         }
     }
     uint32_t parity = 0;
@@ -287,7 +267,7 @@ __device__ __forceinline__ void fused_low_latency(const NormArgs& f, const SymmA
             if (w == ~0u || failed) continue;
             const uint32_t residual = res[base + w];
             uint32_t reduced;
-            if (!ll_reduce_word<T>(a, buffer, base + w, input_word(row, m, base + w), reduced)) {
+            if (!ll_reduce_word<T>(a, buffer, base + w, in[base + w], reduced)) {
                 failed = 1;
                 continue;
             }
@@ -348,7 +328,7 @@ __device__ __forceinline__ void fused_low_latency(const NormArgs& f, const SymmA
             const uint32_t sum = stashed ? words[m] : out[base + w];
             res[base + w] = sum;
             word_to_float<T>(sum, r);
-            word_to_float<T>(weight_word(m, w), g);
+            word_to_float<T>(m == threadIdx.x ? weight0 : __ldg(weight + w), g);
 #pragma unroll
             for (uint32_t e = 0; e < PER_WORD; ++e) r[e] = __fmul_rn(round_to<T>(__fmul_rn(r[e], inv)), g[e]);
             out[base + w] = float_to_word<T>(r);
