@@ -189,8 +189,8 @@ __device__ __forceinline__ bool ll_reduce_word(const SymmArgs& a, uint32_t buffe
 
 // The low-latency all-reduce with one 32-bit word per thread (every message whose words the
 // grid covers, which is every one the low-latency kernel takes): thread i pushes word i of
-// its input (`own`, loaded by the caller) into its slot of every peer's buffer (the policy's `broadcast_word`: W - 1
-// unicast stores, or one multicast store), then `ll_reduce_word`: polls word i of every
+// its input (`own`, loaded by the caller) into its slot of every peer's buffer (the policy's
+// `broadcast_word`: W - 1 unicast stores, or one multicast store), then `ll_reduce_word`: polls word i of every
 // peer's slot in its own buffer until none reads as the all-ones sentinel, sums them in rank
 // order 0..W-1 in fp32 (its own word from registers) and re-arms them. 32-bit stores are single-copy atomic
 // and the sentinel is a 32-bit word, so a word is either the sentinel or the peer's data;

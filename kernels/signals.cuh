@@ -32,6 +32,11 @@ __device__ __forceinline__ uint64_t* signal_slot(const SymmArgs& a, uint32_t own
     return pad + (phase * MAX_BLOCKS + block) * SLOTS_PER_ROW + from;
 }
 
+// `begin_call`'s default prefetch: nothing.
+struct NoPrefetch {
+    __device__ __forceinline__ void operator()() const {}
+};
+
 // Epoch of the call this grid runs (one more than the calls completed so far), or 0 if the
 // group is poisoned, the divergence check failed or the epochs are exhausted: then the kernel
 // returns at once, without touching its output or the workspace (epoch 0 would mean parity 0,
@@ -47,10 +52,6 @@ __device__ __forceinline__ uint64_t* signal_slot(const SymmArgs& a, uint32_t own
 // kernel loads its first input words there, so that their latency overlaps the state load's
 // instead of following the block's vote. The input is complete once `pdl_wait` has returned,
 // and reading it is harmless when the call is then refused (nothing is written).
-struct NoPrefetch {
-    __device__ __forceinline__ void operator()() const {}
-};
-
 template <typename Prefetch = NoPrefetch>
 __device__ __forceinline__ uint64_t begin_call(const SymmArgs& a, const Prefetch& prefetch = Prefetch()) {
     pdl_wait();

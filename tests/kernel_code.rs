@@ -372,48 +372,80 @@ fn every_kernel_returns_at_once_on_a_refused_call() {
         }
         // What `begin_call` runs before the block's vote (`prefetch`) only loads: a refused
         // call writes nothing.
-        let mut in_prefetch = false;
-        for (i, line) in lines.iter().enumerate() {
-            if line.starts_with("const auto prefetch = [&] {") {
-                in_prefetch = true;
-            } else if in_prefetch && *line == "};" {
-                in_prefetch = false;
-            } else if in_prefetch {
-                // Every assignment's target is a register (a name or a field of one).
-                let parts: Vec<&str> = line.split(" = ").collect();
-                let assigns_memory = parts[..parts.len() - 1].iter().any(|lhs| {
-                    let target = lhs.rsplit([' ', '(', '{']).next().unwrap_or("");
-                    target.is_empty()
-                        || !target
-                            .chars()
-                            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
-                });
-                let stores = [
-                    "st_rel",
-                    "st_line",
-                    "store",
-                    "broadcast",
-                    "atomic",
-                    "note_error",
-                    "poison",
-                ];
-                assert!(
-                    !assigns_memory && !stores.iter().any(|s| line.contains(s)),
-                    "{}:{}: `{line}`: a prefetch stores (only loads into registers belong there)",
-                    path.display(),
-                    i + 1
-                );
-            }
+        if let Err(problem) = prefetches_only_load(&lines) {
+            panic!("{}: {problem}", path.display());
         }
-        assert!(
-            !in_prefetch,
-            "{}: a prefetch lambda without its `}};`",
-            path.display()
-        );
     }
     // one-shot, two-shot, in-place, low-latency, reduce-scatter (both), all-gather (both),
     // pool two-shot, the three fused kernels and the sync floor.
     assert!(sites >= 13, "only {sites} kernels call begin_call");
+}
+
+/// Checks every `const auto prefetch = [&] { ... };` lambda of a kernel source (trimmed
+/// lines): every assignment's target is a register (a name or a field of one), and no line
+/// calls a store, a push, an atomic or an error/poison writer.
+fn prefetches_only_load(lines: &[&str]) -> Result<(), String> {
+    const STORES: [&str; 7] = [
+        "st_rel",
+        "st_line",
+        "store",
+        "broadcast",
+        "atomic",
+        "note_error",
+        "poison",
+    ];
+    let mut in_prefetch = false;
+    for (i, line) in lines.iter().enumerate() {
+        if line.starts_with("const auto prefetch = [&] {") {
+            in_prefetch = true;
+        } else if in_prefetch && *line == "};" {
+            in_prefetch = false;
+        } else if in_prefetch {
+            let parts: Vec<&str> = line.split(" = ").collect();
+            let assigns_memory = parts[..parts.len() - 1].iter().any(|lhs| {
+                let target = lhs.rsplit([' ', '(', '{']).next().unwrap_or("");
+                target.is_empty()
+                    || !target
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+            });
+            if assigns_memory || STORES.iter().any(|s| line.contains(s)) {
+                return Err(format!(
+                    "line {}: `{line}`: a prefetch stores (only loads into registers belong there)",
+                    i + 1
+                ));
+            }
+        }
+    }
+    if in_prefetch {
+        return Err("a prefetch lambda without its `};`".into());
+    }
+    Ok(())
+}
+
+/// The prefetch check refuses what it must (a store through a pointer, an indexed store, a
+/// push) and passes register loads.
+#[test]
+fn the_prefetch_check_refuses_stores() {
+    let ok = [
+        "const auto prefetch = [&] {",
+        "if (loop.first < packs) first = load_pack(in, loop.first, in_aligned);",
+        "own_first.x = load_word(in, n, loop.first, is_aligned(in, 4));",
+        "};",
+    ];
+    assert_eq!(prefetches_only_load(&ok), Ok(()));
+    for bad in [
+        "mine[loop.first] = first;",
+        "*out = x;",
+        "if (w0 != ~0u) out[w0] = in0;",
+        "coll.broadcast_word(buffer, i, own);",
+        "store_pack(out, i, v, true);",
+        "st_relaxed_sys_u32(p, 1);",
+    ] {
+        let lines = ["const auto prefetch = [&] {", bad, "};"];
+        assert!(prefetches_only_load(&lines).is_err(), "not refused: {bad}");
+    }
+    assert!(prefetches_only_load(&["const auto prefetch = [&] {", "x = y;"]).is_err());
 }
 
 /// A low-latency reader issues every peer's poll load before it looks at any of them: in
