@@ -60,12 +60,13 @@ __device__ __forceinline__ uint64_t begin_call(const SymmArgs& a, const Prefetch
     prefetch();
     const uint32_t poison = static_cast<uint32_t>(s.y);
     const uint64_t epoch = s.x + 1;
+    const bool exhausted = (epoch >> EPOCH_BITS) != 0;
     // One vote for both refusals (the epoch is the same in every thread: the previous kernel
     // wrote it and has completed).
-    if (__builtin_expect(__syncthreads_or(poison != 0 || (epoch >> EPOCH_BITS) != 0), 0)) {
+    if (__builtin_expect(__syncthreads_or(poison != 0 || exhausted), 0)) {
         if (poison != 0) {
             note_error(a, poison);
-        } else if (blockIdx.x == 0 && threadIdx.x == 0 && (epoch >> EPOCH_BITS) != 0) {
+        } else if (exhausted && blockIdx.x == 0 && threadIdx.x == 0) {
             note_error(a, ERROR_EPOCHS_EXHAUSTED | (a.rank << 24));
         }
         return 0;

@@ -32,10 +32,10 @@
 //! (tokens, inclusive; 0: never) and the fused two-shot above. Entries are per (dtype, world,
 //! hidden size); a call whose hidden size was not measured takes the entry of the nearest
 //! measured one (by ratio; a tie goes to the larger), with its token limit unchanged (the
-//! one-shot and two-shot run one block per row, so rows, not bytes, set the grid). A (dtype, world) without fused entries keeps the published
-//! rule: the all-reduce's one-shot limit in bytes. NCCL is not measured for the fused call:
-//! it takes NCCL (then the unfused epilogue) only above `Config::nccl_above_bytes`, or the
-//! capacity.
+//! one-shot and two-shot run one block per row, so rows, not bytes, set the grid). A (dtype,
+//! world) without fused entries keeps the published rule: the all-reduce's one-shot limit in
+//! bytes. NCCL is not measured for the fused call: it takes NCCL (then the unfused epilogue)
+//! only above `Config::nccl_above_bytes`, or the capacity.
 //!
 //! Version 1 (no `fused` section) still loads, as a table without fused entries; a file of
 //! version 2 must have the section (`[]` when nothing was measured).
