@@ -25,7 +25,7 @@ pub enum Algorithm {
     /// low-latency limit ([`Config::low_latency_max_bytes`], 32 KiB, or the tuning table's
     /// threshold; the multimem low-latency kernel there when a multicast object is set up),
     /// the one-shot up to the one-shot crossover ([`Config::one_shot_max_bytes`], else the
-    /// tuning table's, else 512 KiB for up to 4 ranks and 256 KiB above), the two-shot above
+    /// tuning table's, else 2 MiB for 2 ranks, 512 KiB for 3 or 4 and 256 KiB above), the two-shot above
     /// it (a lone rank: the two-shot above the low-latency limit), and NCCL above
     /// [`Config::nccl_above_bytes`] (or the tuning table's two-shot maximum) or above the
     /// capacity when the communicator has an NCCL fallback. With `Config::reproducible` off
@@ -171,8 +171,8 @@ pub struct Config {
     /// Algorithm used when a call does not force one.
     pub algorithm: Algorithm,
     /// `Auto` uses one-shot up to this many bytes (inclusive). `None`: the tuning table's
-    /// crossover for the call's dtype and world, else the published crossovers, 512 KiB for 4
-    /// or fewer ranks and 256 KiB above.
+    /// crossover for the call's dtype and world, else the published crossovers, 2 MiB for 2
+    /// ranks, 512 KiB for 3 or 4 and 256 KiB above.
     pub one_shot_max_bytes: Option<usize>,
     /// Most blocks one rank launches (1..=64, default 64). Fewer are used where the device
     /// cannot keep every rank's blocks resident at once (ranks sharing a GPU divide it), and
@@ -338,9 +338,18 @@ impl Default for Config {
     }
 }
 
-/// The published one-shot crossover (bytes, inclusive) for a world size.
+/// The published one-shot crossover (bytes, inclusive) for a world size. Two ranks: 2 MiB.
+/// There the one-shot reads the peer's whole input once, the bytes the two-shot reads in its
+/// two phases together, with one barrier fewer and nothing written to a peer between them, so
+/// it is the faster kernel at any size on NVLink (vLLM's custom all-reduce takes its one-stage
+/// kernel at every size for two ranks); on one GPU, where the ranks' traffic shares one memory,
+/// the tuning table's W = 2 rows have it faster up to 3 MiB (bf16), hence the bound. Three or
+/// four ranks: 512 KiB; more: 256 KiB (the one-shot reads `(W-1)·S`, the two-shot
+/// `2·(W-1)/W·S`).
 const fn published_one_shot_max(world: usize) -> usize {
-    if world <= 4 {
+    if world <= 2 {
+        2 << 20
+    } else if world <= 4 {
         512 << 10
     } else {
         256 << 10
@@ -819,7 +828,8 @@ mod tests {
             (32 << 10, 256 << 10, None, false)
         );
         assert_eq!(published.thresholds(DType::F32, 4).one_shot_max, 512 << 10);
-        assert_eq!(published.one_shot_limit(DType::F16, 2), 512 << 10);
+        assert_eq!(published.one_shot_limit(DType::F16, 2), 2 << 20);
+        assert_eq!(published.one_shot_limit(DType::F16, 3), 512 << 10);
 
         let tuned = Config::default().with_tuning(test_table(1 << 20));
         // The slots grow to hold the table's low-latency threshold.
