@@ -523,7 +523,7 @@ fn bad_shapes_return_typed_errors_and_touch_nothing(ctx: Arc<CudaContext>) {
 /// Each rank captures one graph holding fused calls (low-latency, one-shot, two-shot,
 /// automatic: 1 × 8192 takes the low-latency kernel (the one-shot without clusters), 32 × 8192
 /// the two-shot at W = 8 and the one-shot
-/// at W = 2, whose one-shot limit is 512 KiB) and the unfused pair on the same inputs; the
+/// at W = 2, whose one-shot limit is 2 MiB) and the unfused pair on the same inputs; the
 /// graphs are replayed 100 times with new inputs
 /// and a new residual copied in before every replay (outside the graph).
 fn fused_graph_replays(ctx: Arc<CudaContext>, world: usize) {

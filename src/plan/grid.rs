@@ -140,7 +140,13 @@ mod tests {
     #[test]
     fn auto_follows_published_crossovers() {
         let c = Config::default();
-        for (world, limit) in [(2, 2 << 20), (3, 512 << 10), (4, 512 << 10), (8, 256 << 10), (6, 256 << 10)] {
+        for (world, limit) in [
+            (2, 2 << 20),
+            (3, 512 << 10),
+            (4, 512 << 10),
+            (8, 256 << 10),
+            (6, 256 << 10),
+        ] {
             let at = plan_all_reduce(limit / 2, DType::BF16, world, WIDE, &c, Algorithm::Auto);
             let above = plan_all_reduce(limit / 2 + 8, DType::BF16, world, WIDE, &c, Algorithm::Auto);
             assert_eq!(at.algorithm, Algorithm::OneShot, "world {world}");
