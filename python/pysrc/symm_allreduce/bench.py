@@ -6,10 +6,7 @@ Modes (symm-bench's): ``eager`` (plain launches; a sample is 10 back-to-back rou
 ``graph_amortised`` (one ``torch.cuda.CUDAGraph`` per rank holding a chain of 10
 all-reduces of the same input into the same output; a sample is one replay of every rank's
 graph; time per all-reduce), ``graph_isolated`` (one all-reduce per graph, each replay timed).
-Rounds per row: eager 200, graph_amortised 50 replays, graph_isolated 200. Before the first
-row, eager rounds of the first size run for ``--warmup-seconds`` (default 1) untimed, so that
-the host-time columns describe a warm process (the first second of a fresh process measured
-up to 3 µs more per call, native call included).
+Rounds per row: eager 200, graph_amortised 50 replays, graph_isolated 200.
 
 Timing (symm-bench's ``timing.rs``): a sample is a fork and a join over the ranks' streams:
 rank 0's stream records the start event, every other stream waits on it, the rounds are
@@ -202,16 +199,6 @@ def _eager_round(torch: Any, streams: list[Any], calls: Sequence[Callable[..., A
     return round_
 
 
-def _warm_up(torch: Any, streams: list[Any], calls: Sequence[Callable[..., Any]], seconds: float) -> None:
-    """Untimed eager rounds of ``calls`` for ``seconds`` (batches of 10, then a device sync)."""
-    round_ = _eager_round(torch, streams, calls)
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        for _ in range(10):
-            round_()
-        torch.cuda.synchronize()
-
-
 def _measure(
     torch: Any,
     timer: _Timer,
@@ -296,8 +283,6 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 checked_calls.append(
                     lambda n=c._native, i=d_in, o=d_out, h=handle: n.all_reduce(i, o, h, args.algo)
                 )
-            if size == sizes[0]:
-                _warm_up(torch, streams, py_calls, args.warmup_seconds)
             _, py_host = _measure(torch, timer, comms, streams, "eager", py_calls)
             _, native_host = _measure(torch, timer, comms, streams, "eager", native_calls)
             _, checked_host = _measure(torch, timer, comms, streams, "eager", checked_calls)
@@ -411,7 +396,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--algo", default="auto", help="auto, low_latency, one_shot, two_shot")
     p.add_argument("--sizes", default="8K,32K,128K,512K,2M,8M", help="message sizes in bytes (K, M suffixes)")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated: " + ", ".join(MODES))
-    p.add_argument("--warmup-seconds", type=float, default=1.0, help="untimed eager rounds first (default 1)")
     p.add_argument("--host-only", action="store_true", help="only the host steps that need no GPU")
     p.add_argument("--host-iters", type=int, default=20000, help="calls per batch with --host-only")
     p.add_argument("--csv", help="also write the rows to this CSV file")
