@@ -17,12 +17,8 @@ namespace symm {
 // 16 spill at 128 registers (tests/kernel_code.rs refuses any spill); with one iteration at a
 // time a lone rank had one, and moved 64 MiB at 0.13× copy speed. Unrolling keeps the index pattern: a thread handles
 // the same packs as the plain PackLoop, only U of them at once.
-//
-// `first` is the thread's first copy-in pack (of rank `first_peer`'s slice), which `two_shot`
-// loaded while `begin_call` read the call state.
 template <typename T, uint32_t R, uint32_t U>
-__device__ __forceinline__ void two_shot_body(const T* in, T* out, uint64_t n, const SymmArgs& a, uint64_t epoch,
-                                              uint4 first) {
+__device__ __forceinline__ void two_shot_body(const T* in, T* out, uint64_t n, const SymmArgs& a, uint64_t epoch) {
     const uint32_t parity = epoch & 1;
     const uint64_t packs = n / Elem<T>::PER_PACK;
     const uint64_t slice = (packs + a.world - 1) / a.world;
@@ -36,7 +32,6 @@ __device__ __forceinline__ void two_shot_body(const T* in, T* out, uint64_t n, c
     // Copy in with the slice-relative pattern: block b writes, in every peer's slice, the packs
     // that block b of the slice's owner reduces after the start barrier. This rank's own slice
     // is not copied: only this rank reads it, from its input.
-    const uint32_t first_peer = a.rank == 0 ? 1 : 0;
     for (uint64_t i0 = loop.first; i0 < slice; i0 += U * loop.step) {
         uint4 v[U][R];
 #pragma unroll
@@ -44,9 +39,7 @@ __device__ __forceinline__ void two_shot_body(const T* in, T* out, uint64_t n, c
             const uint64_t i = i0 + u * loop.step;
 #pragma unroll
             for (uint32_t q = 0; q < R; ++q) {
-                if (q != a.rank && in_slice(q, i))
-                    v[u][q] = u == 0 && q == first_peer && i0 == loop.first ? first
-                                                                               : load_pack(in, q * slice + i, in_aligned);
+                if (q != a.rank && in_slice(q, i)) v[u][q] = load_pack(in, q * slice + i, in_aligned);
             }
         }
 #pragma unroll
@@ -113,27 +106,16 @@ __device__ __forceinline__ void two_shot_body(const T* in, T* out, uint64_t n, c
 
 template <typename T>
 __device__ __forceinline__ void two_shot(const T* in, T* out, uint64_t n, const SymmArgs& a) {
-    // This thread's first copy-in pack (pack `loop.first` of the first peer's slice; a lone
-    // rank copies nothing in), loaded while `begin_call` reads the call state.
-    const uint64_t packs = n / Elem<T>::PER_PACK;
-    const uint64_t slice = (packs + a.world - 1) / a.world;
-    const uint32_t first_peer = a.rank == 0 ? 1 : 0;
-    const PackLoop loop;
-    uint4 first = make_uint4(0, 0, 0, 0);
-    const auto prefetch = [&] {
-        const uint64_t p = first_peer * slice + loop.first;
-        if (first_peer < a.world && loop.first < slice && p < packs) first = load_pack(in, p, is_aligned(in, 16));
-    };
-    const uint64_t epoch = begin_call(a, prefetch);
+    const uint64_t epoch = begin_call(a);
     if (epoch == 0) return;
     if (a.world == 1) {
-        two_shot_body<T, 1, 8>(in, out, n, a, epoch, first);
+        two_shot_body<T, 1, 8>(in, out, n, a, epoch);
     } else if (a.world == 2) {
-        two_shot_body<T, 2, 4>(in, out, n, a, epoch, first);
+        two_shot_body<T, 2, 4>(in, out, n, a, epoch);
     } else if (a.world <= 4) {
-        two_shot_body<T, 4, 2>(in, out, n, a, epoch, first);
+        two_shot_body<T, 4, 2>(in, out, n, a, epoch);
     } else {
-        two_shot_body<T, MAX_RANKS, 1>(in, out, n, a, epoch, first);
+        two_shot_body<T, MAX_RANKS, 1>(in, out, n, a, epoch);
     }
 }
 
