@@ -210,9 +210,6 @@ __device__ __forceinline__ void fused_low_latency(const NormArgs& f, const SymmA
     // [row parity][0..16): the virtual warps' sums; [16 + c]: block c's failure flag.
     __shared__ float red[2][24];
     __shared__ uint4 stash[FUSED_LL_STASH_PACKS];
-    // The weight words of this block's share (the same in every row), where `stash` holds the
-    // share: loaded while the first row's polls wait, read after the cluster barrier.
-    __shared__ uint32_t weights[FUSED_LL_STASH_PACKS * 4];
     const uint32_t cluster = f.cluster;
     const uint32_t c = blockIdx.x % cluster;
     cluster_arrive_relaxed();
@@ -269,16 +266,11 @@ __device__ __forceinline__ void fused_low_latency(const NormArgs& f, const SymmA
             const uint32_t w = row_word(m);
             if (w == ~0u || failed) continue;
             const uint32_t residual = res[base + w];
-            // The first row's weight load goes out before the polls and lands in shared
-            // memory after them, off the path that follows the cluster barrier.
-            const bool load_weight = stashed && row == first_row;
-            const uint32_t g = load_weight ? (m == threadIdx.x ? weight0 : __ldg(weight + w)) : 0;
             uint32_t reduced;
             if (!ll_reduce_word<T>(a, buffer, base + w, in[base + w], reduced)) {
                 failed = 1;
                 continue;
             }
-            if (load_weight) weights[m] = g;
             // residual + the rounded sum (the all-reduce's output), rounded.
             float v[PER_WORD], r[PER_WORD];
             word_to_float<T>(reduced, v);
@@ -336,7 +328,7 @@ __device__ __forceinline__ void fused_low_latency(const NormArgs& f, const SymmA
             const uint32_t sum = stashed ? words[m] : out[base + w];
             res[base + w] = sum;
             word_to_float<T>(sum, r);
-            word_to_float<T>(stashed ? weights[m] : m == threadIdx.x ? weight0 : __ldg(weight + w), g);
+            word_to_float<T>(m == threadIdx.x ? weight0 : __ldg(weight + w), g);
 #pragma unroll
             for (uint32_t e = 0; e < PER_WORD; ++e) r[e] = __fmul_rn(round_to<T>(__fmul_rn(r[e], inv)), g[e]);
             out[base + w] = float_to_word<T>(r);
