@@ -25,8 +25,8 @@ pub enum Algorithm {
     /// low-latency limit ([`Config::low_latency_max_bytes`], 32 KiB, or the tuning table's
     /// threshold; the multimem low-latency kernel there when a multicast object is set up),
     /// the one-shot up to the one-shot crossover ([`Config::one_shot_max_bytes`], else the
-    /// tuning table's, else 2 MiB for 2 ranks, 512 KiB for 3 or 4 and 256 KiB above), the two-shot above
-    /// it (a lone rank: the two-shot above the low-latency limit), and NCCL above
+    /// tuning table's, else 2 MiB for 2 ranks, 512 KiB for 3 or 4 and 256 KiB above), the
+    /// two-shot above it (a lone rank: the two-shot above the low-latency limit), and NCCL above
     /// [`Config::nccl_above_bytes`] (or the tuning table's two-shot maximum) or above the
     /// capacity when the communicator has an NCCL fallback. With `Config::reproducible` off
     /// and multicast set up, the switch-reducing multimem kernels take the one-shot range and
@@ -339,13 +339,12 @@ impl Default for Config {
 }
 
 /// The published one-shot crossover (bytes, inclusive) for a world size. Two ranks: 2 MiB.
-/// There the one-shot reads the peer's whole input once, the bytes the two-shot reads in its
-/// two phases together, with one barrier fewer and nothing written to a peer between them, so
-/// it is the faster kernel at any size on NVLink (vLLM's custom all-reduce takes its one-stage
-/// kernel at every size for two ranks); on one GPU, where the ranks' traffic shares one memory,
-/// the tuning table's W = 2 rows have it faster up to 3 MiB (bf16), hence the bound. Three or
-/// four ranks: 512 KiB; more: 256 KiB (the one-shot reads `(W-1)·S`, the two-shot
-/// `2·(W-1)/W·S`).
+/// There the one-shot reads the peer's whole input once, the bytes the two-shot reads over its
+/// two phases, with one barrier fewer (vLLM's custom all-reduce takes its one-stage kernel at
+/// every size for two ranks). On one GPU, where the ranks' traffic shares one memory, the
+/// one-shot measured faster up to 3 MiB (bf16; the tuning table's W = 2 rows) and the two-shot
+/// faster at 4 MiB (docs/bench/h100-w2-virtual-v14), hence the bound. Three or four ranks:
+/// 512 KiB; more: 256 KiB (the one-shot reads `(W-1)·S`, the two-shot `2·(W-1)/W·S`).
 const fn published_one_shot_max(world: usize) -> usize {
     if world <= 2 {
         2 << 20
