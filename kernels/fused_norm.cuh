@@ -173,20 +173,20 @@ __device__ __forceinline__ void fused_ll_stand_down(float (&red)[2][24], uint32_
 // protocol of `ll_all_reduce_word`), and a row is spread over the `f.cluster` blocks of a
 // thread-block cluster (one block where the device has no clusters).
 //
-// Ownership keeps the bits of the one-block tree: the row's sum of squares is the fixed tree
-// over 512 *virtual* threads (virtual thread v accumulates packs v, v + 512, ... in index
-// order, the warp sums of the 16 virtual warps are summed by the same tree). Block c of a
-// cluster of C owns virtual threads [c·512/C, (c+1)·512/C) — 16/C whole virtual warps — and
-// with them their packs. Its threads first handle those packs a 32-bit word each (local word
-// m is word m % 4 of local pack m / 4; local pack q is pack c·512/C + q % (512/C) + 512·(q /
-// (512/C)), so neighbouring threads touch neighbouring words): push the word of this rank's
-// input into every peer's slot, then per row poll every peer's word, sum in rank order and
-// re-arm (`ll_reduce_word`, the all-reduce's arithmetic), add the residual (rounded) and park the result in shared
-// memory (past 512 packs per block: in `norm_out`). Then the block's first 512/C threads run
-// their virtual threads' chains over it, each warp of them sums its 32 chains (`warp_sum_fixed`) and
-// stores the virtual warp's sum into every block of the cluster (distributed shared memory);
-// after one cluster barrier every warp sums the 16 (`warp_sums_total_fixed`) and the block
-// writes its words of the residual and of the normalised row. The sums, the residual and the tree are those of
+// Ownership keeps the bits of the one-block tree: the row's sum of squares is the fixed tree over
+// 512 *virtual* threads (virtual thread v accumulates packs v, v + 512, ... in index order, the
+// warp sums of the 16 virtual warps are summed by the same tree). Block c of a cluster of C owns
+// virtual threads [c·512/C, (c+1)·512/C) — 16/C whole virtual warps — and with them their packs.
+// Its threads first handle those packs a 32-bit word each (local word m is word m % 4 of local
+// pack m / 4; local pack q is pack c·512/C + q % (512/C) + 512·(q / (512/C)), so neighbouring
+// threads touch neighbouring words): push the word of this rank's input into every peer's slot,
+// then per row poll every peer's word, sum in rank order and re-arm (`ll_reduce_word`, the
+// all-reduce's arithmetic), add the residual (rounded) and park the result in shared memory (past
+// 512 packs per block: in `norm_out`). Then the block's first 512/C threads run their virtual
+// threads' chains over it, each warp of them sums its 32 chains (`warp_sum_fixed`) and stores the
+// virtual warp's sum into every block of the cluster (distributed shared memory); after one
+// cluster barrier every warp sums the 16 (`warp_sums_total_fixed`) and the block writes its words
+// of the residual and of the normalised row. The sums, the residual and the tree are those of
 // every other fused kernel and of the unfused pair, so the bits are too.
 //
 // Rows: cluster k of K takes rows k, k + K, ... (every block of a cluster the same rows). Each

@@ -187,19 +187,19 @@ __device__ __forceinline__ bool ll_reduce_word(const SymmArgs& a, uint32_t buffe
     return true;
 }
 
-// The low-latency all-reduce with one 32-bit word per thread (every message whose words the
-// grid covers, which is every one the low-latency kernel takes): thread i pushes word i of
-// its input (`own`, loaded by the caller) into its slot of every peer's buffer (the policy's
-// `broadcast_word`: W - 1 unicast stores, or one multicast store), then `ll_reduce_word`: polls word i of every
-// peer's slot in its own buffer until none reads as the all-ones sentinel, sums them in rank
-// order 0..W-1 in fp32 (its own word from registers) and re-arms them. 32-bit stores are single-copy atomic
-// and the sentinel is a 32-bit word, so a word is either the sentinel or the peer's data;
-// word i is where the 16-byte lines keep it, so the region's invariants are those stated at
-// `one_shot_ll` (every word a reader reads it re-arms inside the call; a word past the
-// message is never written). The sums are element for element those of `ll_reduce_line`,
-// so the bits are every other algorithm's. Why words and not lines: each thread's critical
-// path (its sum above all) shrinks fourfold, and on the H200 every instruction on it shows
-// (docs/design.md, "Words, not lines"). False when the wait failed.
+// The low-latency all-reduce with one 32-bit word per thread (every message whose words the grid
+// covers, which is every one the low-latency kernel takes): thread i pushes word i of its input
+// (`own`, loaded by the caller) into its slot of every peer's buffer (the policy's
+// `broadcast_word`: W - 1 unicast stores, or one multicast store), then `ll_reduce_word`: polls
+// word i of every peer's slot in its own buffer until none reads as the all-ones sentinel, sums
+// them in rank order 0..W-1 in fp32 (its own word from registers) and re-arms them. 32-bit stores
+// are single-copy atomic and the sentinel is a 32-bit word, so a word is either the sentinel or
+// the peer's data; word i is where the 16-byte lines keep it, so the region's invariants are those
+// stated at `one_shot_ll` (every word a reader reads it re-arms inside the call; a word past the
+// message is never written). The sums are element for element those of `ll_reduce_line`, so the
+// bits are every other algorithm's. Why words and not lines: each thread's critical path (its sum
+// above all) shrinks fourfold, and on the H200 every instruction on it shows (docs/design.md,
+// "Words, not lines"). False when the wait failed.
 template <typename Coll, typename T>
 __device__ __forceinline__ bool ll_all_reduce_word(const Coll& coll, uint32_t own, T* out, uint64_t n,
                                                    const SymmArgs& a, uint32_t buffer, uint64_t i) {

@@ -83,9 +83,10 @@ __device__ __forceinline__ void pdl_trigger(const SymmArgs& a) {
     if ((a.flags & (FLAG_PDL_AT_EXIT | FLAG_PDL_EARLY)) == 0) pdl_launch_dependents();
 }
 
-// A barrier flag of `peer` carried another call's identity for the same epoch: the two ranks run different kernels, dtypes or lengths. Reported as
-// ERROR_DIVERGED with both identities (the record follows the error word), and the group is
-// poisoned. Never paired: the wait fails on both ranks.
+// A barrier flag of `peer` carried another call's identity for the same epoch: the two ranks run
+// different kernels, dtypes or lengths. Reported as ERROR_DIVERGED with both identities (the
+// record follows the error word), and the group is poisoned. Never paired: the wait fails on both
+// ranks.
 __device__ __forceinline__ void report_ident_divergence(const SymmArgs& a, uint32_t phase, uint32_t peer,
                                                         uint32_t peer_ident) {
     volatile uint64_t* record = reinterpret_cast<volatile uint64_t*>(a.error + 8);
