@@ -74,6 +74,11 @@ struct Args {
     /// Launch the all-reduce kernels without Programmatic Dependent Launch (`Config::pdl`).
     #[arg(long)]
     no_pdl: bool,
+    /// `Config::shared_sm_percent` where ranks share a GPU (default: the crate's, 25): more
+    /// blocks per rank, as a rank with a GPU of its own has, at the risk of a GEMM waiting
+    /// for SMs that other ranks' collectives hold.
+    #[arg(long)]
+    shared_sm_percent: Option<u32>,
 }
 
 const KERNELS: &str = r#"
@@ -558,6 +563,9 @@ fn run() -> Result<(), String> {
     let config = Config {
         capacity_bytes: 8 << 20,
         pdl: !args.no_pdl,
+        shared_sm_percent: args
+            .shared_sm_percent
+            .unwrap_or(Config::default().shared_sm_percent),
         ..Config::default()
     };
     for &batch in &args.batch {

@@ -22,8 +22,9 @@ use crate::wire::{Reader, Writer};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Algorithm {
     /// Chosen by size, the same way on every rank: the low-latency kernel up to the
-    /// low-latency limit ([`Config::low_latency_max_bytes`], 32 KiB, or the tuning table's
-    /// threshold; the multimem low-latency kernel there when a multicast object is set up),
+    /// low-latency threshold ([`Config::low_latency_max_bytes`], else the tuning table's, else
+    /// 256 KiB for up to 4 ranks and 32 KiB above; the multimem low-latency kernel there when a
+    /// multicast object is set up),
     /// the one-shot up to the one-shot crossover ([`Config::one_shot_max_bytes`], else the
     /// tuning table's, else 2 MiB for 2 ranks, 512 KiB for 3 or 4 and 256 KiB above), the
     /// two-shot above it (a lone rank: the two-shot above the low-latency limit), and NCCL above
@@ -192,10 +193,12 @@ pub struct Config {
     /// --virtual` uses it). No effect on a rank that has its device to itself.
     pub shared_sm_percent: u32,
     /// `Auto` uses the barrier-free low-latency kernel up to this many bytes (inclusive;
-    /// 0 turns it off) for a (dtype, world) that the tuning table does not name. Each rank
+    /// `Some(0)` turns it off). `None`: the tuning table's threshold for the call's dtype and
+    /// world, else the published one, 256 KiB for up to 4 ranks and 32 KiB above. Each rank
     /// reserves `3·W` slots of the power of two at least eight times
-    /// [`Config::low_latency_limit`] (at least 64 KiB each).
-    pub low_latency_max_bytes: usize,
+    /// [`Config::low_latency_limit`] (at least 64 KiB each): 12 MiB at W = 2, 24 MiB at
+    /// W = 4, 6 MiB at W = 8 with the published values.
+    pub low_latency_max_bytes: Option<usize>,
     /// Bound on every wait for a peer. Expiry poisons the communicator and surfaces as
     /// [`Error::PeerTimeout`].
     pub timeout: Duration,
@@ -320,7 +323,7 @@ impl Default for Config {
             one_shot_max_bytes: None,
             max_blocks_per_rank: MAX_BLOCKS,
             shared_sm_percent: 25,
-            low_latency_max_bytes: 32 << 10,
+            low_latency_max_bytes: None,
             timeout: Duration::from_secs(10),
             nccl_above_bytes: None,
             peer_kernels: true,
@@ -352,6 +355,21 @@ const fn published_one_shot_max(world: usize) -> usize {
         512 << 10
     } else {
         256 << 10
+    }
+}
+
+/// The published low-latency threshold (bytes, inclusive) for a world size: 256 KiB for up to
+/// four ranks, 32 KiB above. The low-latency kernel pushes the `(W-1)·S` bytes the one-shot
+/// reads, with no barrier, so it stays ahead while its polls are cheap: with virtual ranks on
+/// one H200 (the committed tuning rows, docs/tuning/h200-virtual-rows.csv) it beat the
+/// one-shot at W = 4 up to 256 KiB (bf16 64 KiB 3.51 vs 5.32 µs, 256 KiB 5.26 vs 5.93) and at
+/// W = 2 up to 128 KiB by 28–34 % and to 256 KiB by 1–3 %; at W = 8 only up to 32 KiB (48 KiB:
+/// 6.89 vs 6.34).
+const fn published_low_latency_max(world: usize) -> usize {
+    if world <= 4 {
+        256 << 10
+    } else {
+        32 << 10
     }
 }
 
@@ -416,12 +434,28 @@ impl Config {
         Ok(())
     }
 
-    /// Largest message the low-latency kernel takes, and the size of its slots:
-    /// `low_latency_max_bytes` or the tuning table's largest low-latency threshold, whichever
-    /// is larger, never above the capacity.
-    pub fn low_latency_limit(&self) -> usize {
+    /// Largest message the low-latency kernel takes at `world` ranks, and the size of its
+    /// slots: `low_latency_max_bytes` (else the published threshold of `world`) or the tuning
+    /// table's largest low-latency threshold, whichever is larger, never above the capacity.
+    pub fn low_latency_limit(&self, world: usize) -> usize {
         let table = self.tuning.as_ref().map_or(0, TuningTable::max_low_latency_bytes);
-        self.low_latency_max_bytes.max(table).min(self.capacity_bytes)
+        self.low_latency_max_bytes
+            .unwrap_or(published_low_latency_max(world))
+            .max(table)
+            .min(self.capacity_bytes)
+    }
+
+    /// `Auto`'s low-latency threshold for a call of `dtype` (explicit field, else the tuning
+    /// table, else the published value) at `world` ranks; a byte collective without a dtype
+    /// (the all-gather) takes the explicit field, else the published value.
+    pub(crate) fn low_latency_threshold(&self, dtype: Option<DType>, world: usize) -> usize {
+        match dtype {
+            Some(d) => self.thresholds(d, world).low_latency_max,
+            None => self
+                .low_latency_max_bytes
+                .unwrap_or(published_low_latency_max(world))
+                .min(self.capacity_bytes),
+        }
     }
 
     /// The `Auto` one-shot crossover for a dtype and world size (explicit field, else the
@@ -478,8 +512,10 @@ impl Config {
     pub(crate) fn thresholds(&self, dtype: DType, world: usize) -> Thresholds {
         let entry = self.tuning.as_ref().and_then(|t| t.get(dtype, world));
         Thresholds {
-            low_latency_max: entry
-                .map_or(self.low_latency_max_bytes, |e| e.low_latency_max_bytes)
+            low_latency_max: self
+                .low_latency_max_bytes
+                .or(entry.map(|e| e.low_latency_max_bytes))
+                .unwrap_or(published_low_latency_max(world))
                 .min(self.capacity_bytes),
             one_shot_max: self
                 .one_shot_max_bytes
@@ -726,7 +762,7 @@ mod tests {
                 ..base.clone()
             },
             Config {
-                low_latency_max_bytes: 0,
+                low_latency_max_bytes: Some(0),
                 ..base.clone()
             },
             Config {
@@ -829,11 +865,28 @@ mod tests {
         assert_eq!(published.thresholds(DType::F32, 4).one_shot_max, 512 << 10);
         assert_eq!(published.one_shot_limit(DType::F16, 2), 2 << 20);
         assert_eq!(published.one_shot_limit(DType::F16, 3), 512 << 10);
+        // The low-latency threshold (and the slots) by world: 256 KiB up to 4 ranks.
+        for (world, ll) in [
+            (1, 256 << 10),
+            (2, 256 << 10),
+            (3, 256 << 10),
+            (4, 256 << 10),
+            (5, 32 << 10),
+        ] {
+            assert_eq!(
+                published.thresholds(DType::F32, world).low_latency_max,
+                ll,
+                "W={world}"
+            );
+            assert_eq!(published.low_latency_threshold(None, world), ll, "W={world}");
+            assert_eq!(published.low_latency_limit(world), ll, "W={world}");
+        }
 
         let tuned = Config::default().with_tuning(test_table(1 << 20));
         // The slots grow to hold the table's low-latency threshold.
-        assert_eq!(tuned.low_latency_limit(), 64 << 10);
-        assert_eq!(published.low_latency_limit(), 32 << 10);
+        assert_eq!(tuned.low_latency_limit(8), 64 << 10);
+        assert_eq!(published.low_latency_limit(8), 32 << 10);
+        assert_eq!(tuned.low_latency_limit(4), 256 << 10);
         let th = tuned.thresholds(DType::BF16, 8);
         assert_eq!(
             (th.low_latency_max, th.one_shot_max, th.nccl_above, th.tuned),
@@ -851,28 +904,32 @@ mod tests {
         let explicit = Config {
             one_shot_max_bytes: Some(100 << 10),
             nccl_above_bytes: Some(8 << 20),
+            low_latency_max_bytes: Some(16 << 10),
             ..tuned.clone()
         };
         let th = explicit.thresholds(DType::BF16, 8);
         assert_eq!(
             (th.low_latency_max, th.one_shot_max, th.nccl_above),
-            (64 << 10, 100 << 10, Some(8 << 20))
+            (16 << 10, 100 << 10, Some(8 << 20))
         );
+        // The slots still hold the table's threshold (a forced low-latency call may use it).
+        assert_eq!(explicit.low_latency_limit(8), 64 << 10);
         // Larger configured slots stay; the capacity caps everything.
         let big = Config {
-            low_latency_max_bytes: 1 << 20,
+            low_latency_max_bytes: Some(1 << 20),
             ..Config::default()
         }
         .with_tuning(test_table(1 << 20));
-        assert_eq!(big.low_latency_limit(), 1 << 20);
-        assert_eq!(big.thresholds(DType::BF16, 8).low_latency_max, 64 << 10);
+        assert_eq!(big.low_latency_limit(8), 1 << 20);
+        assert_eq!(big.thresholds(DType::BF16, 8).low_latency_max, 1 << 20);
         assert_eq!(big.thresholds(DType::F16, 8).low_latency_max, 1 << 20);
         let small = Config {
             capacity_bytes: 4096,
             ..tuned.clone()
         };
-        assert_eq!(small.low_latency_limit(), 4096);
+        assert_eq!(small.low_latency_limit(8), 4096);
         assert_eq!(small.thresholds(DType::BF16, 8).low_latency_max, 4096);
+        assert_eq!(small.low_latency_threshold(None, 2), 4096);
     }
 
     #[test]
@@ -887,7 +944,7 @@ mod tests {
         let t = c.tuning.as_ref().unwrap();
         assert_eq!(t.origin(), Some(path.as_path()));
         assert_eq!(t.digest(), test_table(1 << 20).digest());
-        assert_eq!(c.low_latency_limit(), 64 << 10);
+        assert_eq!(c.low_latency_limit(8), 64 << 10);
 
         // An explicit table wins; unset or empty changes nothing.
         let mut explicit = Config::default().with_tuning(test_table(2 << 20));

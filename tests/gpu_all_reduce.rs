@@ -29,11 +29,11 @@ const ALGOS: [Algorithm; 4] = [
     Algorithm::Auto,
 ];
 
-/// The low-latency kernel only takes messages that fit its slots (32 KiB by default): clamp
-/// the length when it is forced.
-fn fit(algo: Algorithm, dtype: DType, len: usize) -> usize {
+/// The low-latency kernel only takes messages that fit its slots (by default 256 KiB up to 4
+/// ranks, 32 KiB above): clamp the length when it is forced on `comm`'s group.
+fn fit(comm: &Communicator, algo: Algorithm, dtype: DType, len: usize) -> usize {
     if algo == Algorithm::LowLatency {
-        len.min(Config::default().low_latency_max_bytes / dtype.size())
+        len.min(comm.config().low_latency_limit(comm.world_size()) / dtype.size())
     } else {
         len
     }
@@ -95,7 +95,7 @@ fn dispatch(
     algo: Algorithm,
     seed: u64,
 ) -> Result<(), String> {
-    let len = fit(algo, dtype, len);
+    let len = fit(&comms[0], algo, dtype, len);
     match dtype {
         DType::F32 => random_round::<f32>(comms, streams, len, algo, seed),
         DType::F16 => random_round::<f16>(comms, streams, len, algo, seed),
@@ -159,7 +159,7 @@ fn one_shot_and_two_shot_agree_bit_for_bit(ctx: Arc<CudaContext>) {
         for r in 0..8 {
             check_bits(&format!("len {len} rank {r}"), &one[r], &two[r]).unwrap();
         }
-        if len * 2 <= Config::default().low_latency_max_bytes {
+        if len * 2 <= comms[0].config().low_latency_limit(8) {
             let ll = round(&comms, &streams, &inputs, Algorithm::LowLatency).unwrap();
             for r in 0..8 {
                 check_bits(&format!("low latency len {len} rank {r}"), &one[r], &ll[r]).unwrap();
@@ -492,7 +492,7 @@ fn stuck_peer_times_out_poisons_and_does_not_hang(ctx: Arc<CudaContext>) {
         )
         .unwrap();
         let stream = ctx.new_stream().unwrap();
-        let len = fit(algo, DType::F32, 10_000);
+        let len = fit(&comms[0], algo, DType::F32, 10_000);
         let input = stream.clone_htod(&vec![1.0f32; len]).unwrap();
         let mut output = stream.alloc_zeros::<f32>(len).unwrap();
         let started = Instant::now();
@@ -731,7 +731,7 @@ fn coll_bodies_odd_sizes_and_offsets_proptest(ctx: Arc<CudaContext>) {
                 .or_insert_with(|| group(&ctx, world, config(4 << 20)));
             let (dtype, algo) = (DType::ALL[d], bodies[b]);
             // Odd, and within the low-latency slots when forced.
-            let len = fit(algo, dtype, len);
+            let len = fit(&comms[0], algo, dtype, len);
             let len = if len % 2 == 0 { len - 1 } else { len };
             let r = match dtype {
                 DType::F32 => coll_case::<f32>(comms, streams, len, algo, offsets, seed),
@@ -754,7 +754,7 @@ fn coll_bodies_every_boundary_length(ctx: Arc<CudaContext>) {
         for dtype in DType::ALL {
             for algo in [Algorithm::OneShot, Algorithm::LowLatency] {
                 for (i, &len) in lens.iter().enumerate() {
-                    let len = fit(algo, dtype, len);
+                    let len = fit(&comms[0], algo, dtype, len);
                     let len = if len % 2 == 0 { len - 1 } else { len };
                     for offsets in [(0, 0), (1, 3)] {
                         let seed = (world * 10_000 + i * 10 + offsets.0) as u64;

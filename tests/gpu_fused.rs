@@ -35,7 +35,7 @@ const LOW_LATENCY_MAX: usize = 256 << 10;
 fn config() -> Config {
     Config {
         capacity_bytes: CAPACITY,
-        low_latency_max_bytes: LOW_LATENCY_MAX,
+        low_latency_max_bytes: Some(LOW_LATENCY_MAX),
         ..Config::default()
     }
 }

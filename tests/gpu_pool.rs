@@ -495,7 +495,7 @@ fn views_at_element_offsets_every_dtype_algorithm_and_world(ctx: Arc<CudaContext
         ] {
             for &len in &[1usize, 5, 17, 1000, 40_003] {
                 let len = if algo == Algorithm::LowLatency {
-                    len.min(Config::default().low_latency_max_bytes / T::DTYPE.size())
+                    len.min(comms[0].config().low_latency_limit(w) / T::DTYPE.size())
                 } else {
                     len
                 };

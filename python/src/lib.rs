@@ -201,7 +201,12 @@ fn parse_config(options: Option<&Bound<'_, PyDict>>) -> PyResult<Config> {
     };
     for (key, value) in options.iter() {
         let key: String = key.extract()?;
-        if value.is_none() && !matches!(key.as_str(), "one_shot_max_bytes" | "nccl_above_bytes") {
+        if value.is_none()
+            && !matches!(
+                key.as_str(),
+                "one_shot_max_bytes" | "low_latency_max_bytes" | "nccl_above_bytes"
+            )
+        {
             continue;
         }
         let bad = |e: PyErr| invalid_call(format!("config keyword {key}: {e}"));

@@ -34,6 +34,8 @@ def test_config_defaults_and_every_field():
     assert c["algorithm"] == "auto" and c["multicast"] == "off"
     assert c["timeout"] == 10.0 and c["reproducible"] is True
     assert c["shared_sm_percent"] == 25
+    # The crossovers default to the tuning table's, else the published ones per world size.
+    assert c["low_latency_max_bytes"] is None and c["one_shot_max_bytes"] is None
     given = dict(
         capacity_bytes=1 << 20,
         algorithm="two_shot",

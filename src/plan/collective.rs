@@ -9,9 +9,9 @@
 //!
 //! The low-latency kernels do not use the workspace: what must fit is what one rank pushes
 //! into one peer's low-latency slot ([`CollShape::ll_slot_bytes`]), at most
-//! [`Config::low_latency_limit`]. `Auto` takes them up to `Config::low_latency_max_bytes` of
-//! slot bytes (reduce-scatter: the tuning table's low-latency threshold of its dtype and
-//! world, as for the all-reduce); the all-gather's lines carry 8 payload bytes each (see
+//! [`Config::low_latency_limit`]. `Auto` takes them up to the all-reduce's low-latency
+//! threshold in slot bytes (`Config::low_latency_max_bytes`, else the published value of the
+//! world; the reduce-scatter also the tuning table's of its dtype and world); the all-gather's lines carry 8 payload bytes each (see
 //! kernels/low_latency_bytes.cuh), so its slot bytes are twice its chunk.
 //!
 //! Routes: `Algorithm::Nccl` (asked for or configured) → `ncclAllGather` /
@@ -78,8 +78,8 @@ pub(crate) struct CollShape {
     /// Bytes of 16-byte lines one rank pushes into one peer's low-latency slot (`None`: no
     /// low-latency kernel).
     pub(crate) ll_slot_bytes: Option<usize>,
-    /// The element type whose low-latency threshold `Auto` uses (`None`: bytes, which use
-    /// `Config::low_latency_max_bytes`).
+    /// The element type whose low-latency threshold `Auto` uses (`None`: bytes, which skip the
+    /// tuning table: [`Config::low_latency_threshold`]).
     pub(crate) dtype: Option<DType>,
 }
 
@@ -244,13 +244,12 @@ fn grid(shape: &CollShape, kernel: Kernel, limits: super::Limits) -> Plan {
 }
 
 /// The most slot bytes `Auto` sends through the low-latency kernel: the all-reduce's
-/// low-latency threshold of the dtype and world (bytes: `low_latency_max_bytes`), never above
-/// the slots.
+/// low-latency threshold of the dtype and world ([`Config::low_latency_threshold`]), never
+/// above the slots.
 fn low_latency_auto_max(shape: &CollShape, config: &Config, world: usize) -> usize {
-    let threshold = shape.dtype.map_or(config.low_latency_max_bytes, |d| {
-        config.thresholds(d, world).low_latency_max
-    });
-    threshold.min(config.low_latency_limit())
+    config
+        .low_latency_threshold(shape.dtype, world)
+        .min(config.low_latency_limit(world))
 }
 
 /// Routes a validated collective (pure; every rank decides the same for the same shape).
@@ -330,7 +329,7 @@ pub(crate) fn route_collective(
         threshold_ignored,
     };
     if let (Some(kernel), Some(slot)) = (low_latency, shape.ll_slot_bytes) {
-        let limit = config.low_latency_limit();
+        let limit = config.low_latency_limit(facts.world);
         if chosen == Algorithm::LowLatency {
             if slot > limit {
                 return Err(Error::ExceedsCapacity {
@@ -516,6 +515,7 @@ mod tests {
         let c = Config {
             capacity_bytes: 1 << 20,
             nccl_above_bytes: Some(256 << 10),
+            low_latency_max_bytes: Some(32 << 10),
             ..Config::default()
         };
         let both = facts(Ok(()), Ok(()));
@@ -589,7 +589,7 @@ mod tests {
     fn reduce_scatter_routes_on_the_padded_input() {
         let c = Config {
             capacity_bytes: 64 << 10,
-            low_latency_max_bytes: 4 << 10,
+            low_latency_max_bytes: Some(4 << 10),
             ..Config::default()
         };
         let both = facts(Ok(()), Ok(()));
@@ -719,7 +719,7 @@ mod tests {
     fn low_latency_is_chosen_by_size_forced_or_configured_and_bounded_by_the_slots() {
         let c = Config {
             capacity_bytes: 1 << 20,
-            low_latency_max_bytes: 8 << 10,
+            low_latency_max_bytes: Some(8 << 10),
             ..Config::default()
         };
         let both = facts(Ok(()), Ok(()));
@@ -777,7 +777,7 @@ mod tests {
         assert!(route_collective(&rs(5000), &ll, Algorithm::Auto, both).is_err());
         // Off when low_latency_max_bytes is 0 (forced still works while the slots hold it).
         let off = Config {
-            low_latency_max_bytes: 0,
+            low_latency_max_bytes: Some(0),
             ..c.clone()
         };
         let r = route_collective(&ag(1), &off, Algorithm::Auto, both).unwrap();
@@ -812,7 +812,12 @@ mod tests {
             });
         }
         let table = crate::config::TuningTable::new(crate::config::Measured::default(), entries).unwrap();
-        let tuned = c.clone().with_tuning(table);
+        // (An explicit low_latency_max_bytes would win over the table.)
+        let tuned = Config {
+            low_latency_max_bytes: None,
+            ..c.clone()
+        }
+        .with_tuning(table);
         let r = route_collective(&rs(1024), &tuned, Algorithm::Auto, both).unwrap();
         assert!(matches!(
             r.target,

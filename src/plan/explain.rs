@@ -390,6 +390,7 @@ mod tests {
         let c = Config {
             capacity_bytes: 8 << 20,
             nccl_above_bytes: Some(1 << 20),
+            low_latency_max_bytes: Some(32 << 10),
             ..Config::default()
         };
         let both = facts(Ok(()), Ok(()));
@@ -468,7 +469,10 @@ mod tests {
 
     #[test]
     fn path_reasons_name_the_rule() {
-        let c = Config::default();
+        let c = Config {
+            low_latency_max_bytes: Some(32 << 10),
+            ..Config::default()
+        };
         let f = facts(Ok(()), Err("none"));
         let p = decide_path(100, DType::F32, &c, Algorithm::Auto, f).unwrap();
         assert!(p.reason.contains("<= low-latency limit"), "{p}");
@@ -634,6 +638,7 @@ mod tests {
         let c = Config {
             capacity_bytes: 1 << 20,
             nccl_above_bytes: Some(64 << 10),
+            low_latency_max_bytes: Some(32 << 10),
             ..Config::default()
         };
         let f = facts(Ok(()), Ok(()));

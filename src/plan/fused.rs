@@ -193,10 +193,11 @@ pub(crate) fn route_fused(
         });
     }
     let plan = if kernel == Kernel::FusedLowLatency {
-        if bytes > config.low_latency_limit() {
+        let limit = config.low_latency_limit(facts.world);
+        if bytes > limit {
             return Err(Error::ExceedsCapacity {
                 bytes,
-                capacity: config.low_latency_limit(),
+                capacity: limit,
             });
         }
         fused_ll_plan(tokens, hidden, dtype, facts)
@@ -681,6 +682,7 @@ mod tests {
     fn nccl_and_capacity_rules() {
         let c = Config {
             capacity_bytes: 1 << 20,
+            low_latency_max_bytes: Some(32 << 10),
             ..Config::default()
         };
         let with = facts(4, Ok(()));
@@ -752,7 +754,7 @@ mod tests {
     fn a_loaded_table_moves_the_fused_auto_choice() {
         // Low-latency off: this is about the one-shot / two-shot split.
         let published = Config {
-            low_latency_max_bytes: 0,
+            low_latency_max_bytes: Some(0),
             ..Config::default()
         };
         let tuned = published.clone().with_tuning(fused_table());

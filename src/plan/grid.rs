@@ -137,6 +137,84 @@ mod tests {
         two_shot_blocks: 32,
     };
 
+    /// The committed tuning rows (docs/tuning/h200-virtual-rows.csv: W = 2, 4, 8 virtual ranks
+    /// on one H200, every dtype, 1 KiB – 32 MiB, chain of 10 in a graph): per (dtype, world,
+    /// size), the time of each of the crate's all-reduce kernels.
+    fn committed_rows() -> std::collections::HashMap<(DType, usize, usize), Vec<(Algorithm, f64)>> {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/tuning/h200-virtual-rows.csv");
+        let text = std::fs::read_to_string(path).unwrap();
+        let mut lines = text.lines();
+        let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+        let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+        let (d, m, a, w, s, t) = (
+            col("dtype"),
+            col("mode"),
+            col("algo"),
+            col("world"),
+            col("size_bytes"),
+            col("time_us"),
+        );
+        let mut rows = std::collections::HashMap::<_, Vec<_>>::new();
+        for line in lines {
+            let f: Vec<&str> = line.split(',').collect();
+            let algo = match f[a] {
+                "low_latency" => Algorithm::LowLatency,
+                "one_shot" => Algorithm::OneShot,
+                "two_shot" => Algorithm::TwoShot,
+                _ => continue,
+            };
+            assert_eq!(f[m], "graph_amortised");
+            let key = (
+                f[d].parse().unwrap(),
+                f[w].parse().unwrap(),
+                f[s].parse().unwrap(),
+            );
+            rows.entry(key).or_default().push((algo, f[t].parse().unwrap()));
+        }
+        assert_eq!(rows.len(), 3 * 3 * 31, "dtypes × worlds × sizes");
+        rows
+    }
+
+    /// How much slower `Auto`'s choice under `config` is than the fastest kernel of each row
+    /// up to `max_bytes` (the ratio of their times), for the rows where it is above 1.05.
+    fn slower_than_fastest(config: &Config, max_bytes: usize) -> Vec<String> {
+        let mut slow = Vec::new();
+        for ((dtype, world, bytes), times) in committed_rows() {
+            if bytes > max_bytes {
+                continue;
+            }
+            let auto = choose(bytes, dtype, world, config, Algorithm::Auto);
+            let time = |algo| times.iter().find(|(a, _)| *a == algo).map(|(_, t)| *t);
+            let best = times.iter().map(|(_, t)| *t).fold(f64::INFINITY, f64::min);
+            let ratio = time(auto).unwrap() / best;
+            if ratio > 1.05 {
+                slow.push(format!(
+                    "{dtype} W={world} {bytes} B: {auto} {ratio:.3}× the fastest"
+                ));
+            }
+        }
+        slow.sort();
+        slow
+    }
+
+    #[test]
+    fn auto_is_within_5_percent_of_the_fastest_kernel_in_the_committed_measurements() {
+        // With the table measured from these rows, at every size.
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/tuning/h200-virtual.json");
+        let tuned = Config::default().with_tuning_file(path).unwrap();
+        assert_eq!(slower_than_fastest(&tuned, usize::MAX), Vec::<String>::new());
+        // With the published thresholds, up to 256 KiB (the low-latency / one-shot choice:
+        // the two push or read the same `(W-1)·S` bytes, so one GPU orders them as NVLink
+        // does). Above, the one-shot / two-shot crossover is a bandwidth one, set for NVLink
+        // (the one-shot reads `(W-1)·S`, the two-shot `2·(W-1)/W·S`): one GPU's memory puts
+        // it higher (W = 4 up to 1.5 MiB, W = 8 up to 512 KiB), and a table measured on the
+        // machine moves it.
+        assert_eq!(
+            slower_than_fastest(&Config::default(), 256 << 10),
+            Vec::<String>::new()
+        );
+    }
+
     #[test]
     fn auto_follows_published_crossovers() {
         let c = Config::default();
@@ -160,9 +238,17 @@ mod tests {
     #[test]
     fn auto_uses_the_low_latency_kernel_for_small_messages() {
         let c = Config::default();
-        for world in [1, 2, 8] {
-            let at = plan_all_reduce(16 << 10, DType::BF16, world, WIDE, &c, Algorithm::Auto);
-            let above = plan_all_reduce((16 << 10) + 1, DType::BF16, world, WIDE, &c, Algorithm::Auto);
+        // The published thresholds: 256 KiB up to four ranks, 32 KiB above.
+        for (world, max) in [
+            (1, 256 << 10),
+            (2, 256 << 10),
+            (3, 256 << 10),
+            (4, 256 << 10),
+            (8, 32 << 10),
+        ] {
+            let len = max / 2;
+            let at = plan_all_reduce(len, DType::BF16, world, WIDE, &c, Algorithm::Auto);
+            let above = plan_all_reduce(len + 1, DType::BF16, world, WIDE, &c, Algorithm::Auto);
             assert_eq!(at.algorithm, Algorithm::LowLatency, "world {world}");
             let next = if world == 1 {
                 Algorithm::TwoShot
@@ -190,7 +276,7 @@ mod tests {
         assert_eq!((mm.blocks, mm.threads), (16, 128));
         // Off when 0, and never beyond the capacity.
         let off = Config {
-            low_latency_max_bytes: 0,
+            low_latency_max_bytes: Some(0),
             ..Config::default()
         };
         assert_eq!(
@@ -201,7 +287,7 @@ mod tests {
             capacity_bytes: 1024,
             ..Config::default()
         };
-        assert_eq!(tiny.low_latency_limit(), 1024);
+        assert_eq!(tiny.low_latency_limit(8), 1024);
     }
 
     #[test]

@@ -265,11 +265,11 @@ pub(crate) fn route(
             });
         }
     }
-    if matches!(kernel, Kernel::LowLatency | Kernel::LowLatencyMultimem) && bytes > config.low_latency_limit()
-    {
+    let ll_limit = config.low_latency_limit(facts.world);
+    if matches!(kernel, Kernel::LowLatency | Kernel::LowLatencyMultimem) && bytes > ll_limit {
         return Err(Error::ExceedsCapacity {
             bytes,
-            capacity: config.low_latency_limit(),
+            capacity: ll_limit,
         });
     }
     Ok(Route {

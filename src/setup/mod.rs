@@ -311,7 +311,7 @@ impl State<'_> {
     fn layout(&self) -> Layout {
         Layout::new(
             self.config.capacity_bytes,
-            self.config.low_latency_limit(),
+            self.config.low_latency_limit(self.world),
             self.world,
             self.config.pool_bytes,
             self.granularity,

@@ -253,7 +253,8 @@ pub struct Args {
     pub producer_chain: bool,
 
     /// `Config::low_latency_max_bytes`: the largest message `auto` sends to the low-latency
-    /// kernel, and the largest `low_latency` runs (K/M suffixes).
+    /// kernel, and the largest `low_latency` runs (K/M suffixes). Default: the published
+    /// threshold of the world size (256 KiB up to 4 ranks, 32 KiB above).
     #[arg(long = "low-latency-max", value_name = "BYTES", value_parser = parse_size)]
     pub low_latency_max: Option<usize>,
 
@@ -694,8 +695,9 @@ pub struct RunPlan {
     pub warmup: Option<usize>,
     /// `--quick`.
     pub quick: bool,
-    /// `Config::low_latency_max_bytes` for the run (`--low-latency-max`).
-    pub low_latency_max: usize,
+    /// `Config::low_latency_max_bytes` for the run (`--low-latency-max`; `None`: the published
+    /// threshold of the world size).
+    pub low_latency_max: Option<usize>,
     /// `Config::pdl` for the run (off with `--no-pdl`).
     pub pdl: bool,
     /// `Config::early_trigger` for the run (off with `--no-early-trigger`).
@@ -732,9 +734,7 @@ impl RunPlan {
             warmup: args.warmup.map(|n| n as usize),
             quick: args.quick,
             collectives: dedup(&args.collectives),
-            low_latency_max: args
-                .low_latency_max
-                .unwrap_or(symm_allreduce::Config::default().low_latency_max_bytes),
+            low_latency_max: args.low_latency_max,
             pdl: !args.no_pdl,
             early_trigger: !args.no_early_trigger,
             shared_sm_percent: args.shared_sm_percent,
@@ -804,7 +804,7 @@ impl RunPlan {
         let mut seconds = 0.0;
         for _ in &self.dtypes {
             for &size in &self.sizes {
-                for &algo in self.algos.iter().filter(|&&a| self.runs(a, size)) {
+                for &algo in self.algos.iter().filter(|&&a| self.runs(a, size, world)) {
                     let op_us = launch_us + 5.0 * world as f64 * size as f64 / 4e6;
                     for &mode in &self.modes {
                         let rounds = (self.warmup(mode) + self.rounds(mode)) as f64;
@@ -833,10 +833,13 @@ impl RunPlan {
         std::time::Duration::from_secs_f64(seconds)
     }
 
-    /// Whether `algo` runs at `bytes` (one-shot stops at 64 MiB in a sweep).
-    pub fn runs(&self, algo: AlgoChoice, bytes: usize) -> bool {
+    /// Whether `algo` runs at `bytes` over `world` ranks (the low-latency kernel within its
+    /// slots; one-shot stops at 64 MiB in a sweep).
+    pub fn runs(&self, algo: AlgoChoice, bytes: usize, world: usize) -> bool {
         match algo {
-            AlgoChoice::LowLatency | AlgoChoice::MultimemLowLatency => bytes <= self.low_latency_max,
+            AlgoChoice::LowLatency | AlgoChoice::MultimemLowLatency => {
+                bytes <= self.config(usize::MAX).low_latency_limit(world)
+            }
             AlgoChoice::OneShot | AlgoChoice::MultimemOneShot => {
                 self.explicit_sizes || bytes <= ONE_SHOT_SWEEP_MAX
             }
@@ -1094,8 +1097,8 @@ mod tests {
         assert_eq!(plan.sizes, sweep_sizes());
         assert_eq!(plan.rounds(Mode::GraphIsolated), 200);
         assert_eq!(plan.rounds(Mode::GraphAmortised), 50);
-        assert!(!plan.runs(AlgoChoice::OneShot, 128 << 20));
-        assert!(plan.runs(AlgoChoice::TwoShot, 256 << 20));
+        assert!(!plan.runs(AlgoChoice::OneShot, 128 << 20, 8));
+        assert!(plan.runs(AlgoChoice::TwoShot, 256 << 20, 8));
 
         let args = parse(&[
             "symm-bench",
@@ -1116,7 +1119,7 @@ mod tests {
         assert_eq!(plan.modes, vec![Mode::Eager, Mode::GraphIsolated]);
         assert_eq!(plan.rounds(Mode::GraphAmortised), 7);
         assert_eq!(plan.dtypes, vec![DType::F16]);
-        assert!(plan.runs(AlgoChoice::OneShot, 128 << 20));
+        assert!(plan.runs(AlgoChoice::OneShot, 128 << 20, 8));
         assert_eq!(plan.cap_sizes(64 << 20), vec![128 << 20]);
         assert_eq!(plan.sizes, vec![8192]);
 
@@ -1136,8 +1139,8 @@ mod tests {
             ]
         );
         assert_eq!(mm.config(1 << 20).multicast, symm_allreduce::Multicast::Required);
-        assert!(!mm.runs(AlgoChoice::MultimemLowLatency, 1 << 20));
-        assert!(mm.runs(AlgoChoice::MultimemOneShot, 1 << 20));
+        assert!(!mm.runs(AlgoChoice::MultimemLowLatency, 1 << 20, 8));
+        assert!(mm.runs(AlgoChoice::MultimemOneShot, 1 << 20, 8));
         assert_eq!(
             AlgoChoice::MultimemOneShot.symm(),
             Some(symm_allreduce::Algorithm::MultimemOneShot)

@@ -531,7 +531,7 @@ impl Bench {
             .algos
             .iter()
             .copied()
-            .filter(|&a| plan.runs(a, size))
+            .filter(|&a| plan.runs(a, size, self.world()))
             .collect();
         self.run_algos::<T>(plan, size, &algos, rows, failures, pb)
     }

@@ -252,7 +252,13 @@ fn run(args: &Args) -> Result<ExitCode, Stop> {
     let units: usize = plan
         .sizes
         .iter()
-        .map(|&s| plan.algos.iter().filter(|&&a| plan.runs(a, s)).count() + usize::from(plan.producer_chain))
+        .map(|&s| {
+            plan.algos
+                .iter()
+                .filter(|&&a| plan.runs(a, s, args.world))
+                .count()
+                + usize::from(plan.producer_chain)
+        })
         .sum::<usize>()
         * plan.dtypes.len();
     let pb = ProgressBar::new(units as u64);

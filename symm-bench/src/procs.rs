@@ -819,7 +819,7 @@ impl RankBench {
             e
         });
         for &algo in &plan.algos {
-            if !plan.runs(algo, size) || (algo == AlgoChoice::Nccl && self.nccl.is_err()) {
+            if !plan.runs(algo, size, self.world) || (algo == AlgoChoice::Nccl && self.nccl.is_err()) {
                 continue;
             }
             match self.algo_rows(plan, algo, bytes, &input, &mut output, expected.as_ref(), rows) {

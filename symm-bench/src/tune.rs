@@ -407,7 +407,7 @@ pub fn summary(table: &TuningTable, notes: &[String]) -> String {
             format_size(e.low_latency_max_bytes),
             format_size(e.one_shot_max_bytes),
             e.two_shot_max_bytes.map_or_else(|| "-".to_string(), format_size),
-            format_size(published.low_latency_max_bytes),
+            format_size(published.low_latency_limit(e.world)),
             format_size(published.one_shot_limit(e.dtype, e.world)),
         );
     }
@@ -631,7 +631,7 @@ pub fn run(args: &Args, out: &Path) -> Result<ExitCode, Stop> {
         let with_nccl = placement == Placement::PerGpu;
         let config = Config {
             capacity_bytes: capacity,
-            low_latency_max_bytes: LL_TUNE_MAX.min(capacity),
+            low_latency_max_bytes: Some(LL_TUNE_MAX.min(capacity)),
             ..Config::default()
         };
         let mut bench = match Bench::new(ctxs, placement, config, (with_nccl, with_nccl), false) {
@@ -660,7 +660,7 @@ pub fn run(args: &Args, out: &Path) -> Result<ExitCode, Stop> {
             iters: args.iters.map(|n| n as usize),
             warmup: args.warmup.map(|n| n as usize),
             quick: args.quick,
-            low_latency_max: LL_TUNE_MAX.min(capacity),
+            low_latency_max: Some(LL_TUNE_MAX.min(capacity)),
             pdl: !args.no_pdl,
             early_trigger: !args.no_early_trigger,
             shared_sm_percent: args.shared_sm_percent,
