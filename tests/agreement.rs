@@ -206,12 +206,14 @@ fn judge(what: &str, outcomes: &[Outcome], inputs: &[Vec<bf16>], took: Duration)
 }
 
 fn rank_local_choices(ctx: Arc<CudaContext>) {
-    // bf16 elements: the low-latency range (default limit 32 KiB = 16384 elements), its last
-    // size and the first above it (one-shot), the one-shot range and the two-shot range.
-    let sizes = [1000usize, 16_384, 16_385, 100_001, 700_000];
     let mut pairs = 0;
     let mut failures = 0;
     for world in [2usize, 3, 8] {
+        // bf16 elements: the low-latency range, its last size and the first above it (the
+        // one-shot; pool calls copy in there too), the one-shot range, and above it (the
+        // zero-copy pool kernels; the two-shot, or at two ranks the one-shot up to 2 MiB).
+        let ll = config(false).low_latency_limit(world) / 2;
+        let sizes = [1000usize, ll, ll + 1, ll + 60_000, 1_100_000];
         for check in [false, true] {
             for &len in &sizes {
                 let mut g = make_group(&ctx, world, len, check);

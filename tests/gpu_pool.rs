@@ -25,7 +25,30 @@ use symm_allreduce::{Algorithm, Communicator, Config, DType, Element, Error, Sym
 const WORLDS: [usize; 4] = [2, 3, 4, 8];
 
 /// `Config::default()`'s low-latency limit: pool calls up to it take the low-latency kernel.
-const LOW_LATENCY_MAX: usize = 32 << 10;
+/// What `Auto` runs for a pool call of `len` elements on `comm`'s group (docs/pool.md): the
+/// low-latency kernel up to its threshold, the copy-in one-shot up to the one-shot crossover
+/// within the capacity, the zero-copy kernels above (none of these groups has a tuning table or
+/// an NCCL fallback).
+fn pool_algorithm(comm: &Communicator, len: usize, dtype: DType) -> Option<Algorithm> {
+    let (c, w, bytes) = (comm.config(), comm.world_size(), len * dtype.size());
+    if bytes <= c.low_latency_limit(w) {
+        Some(Algorithm::LowLatency)
+    } else if w > 1 && bytes <= c.one_shot_limit(dtype, w).min(c.capacity_bytes) {
+        Some(Algorithm::OneShot)
+    } else {
+        None
+    }
+}
+
+/// Checks `comm.pool_path` against [`pool_algorithm`]: `zero_copy` starts the zero-copy
+/// sentence.
+fn check_pool_path(comm: &Communicator, len: usize, dtype: DType, out_of_place: bool, zero_copy: &str) {
+    let p = comm.pool_path(len, dtype, out_of_place).unwrap();
+    match pool_algorithm(comm, len, dtype) {
+        Some(algorithm) => assert_eq!(p.algorithm, algorithm, "{p}"),
+        None => assert!(p.reason.starts_with(zero_copy), "{p}"),
+    }
+}
 
 fn config(capacity_bytes: usize, pool_bytes: usize) -> Config {
     Config {
@@ -138,12 +161,7 @@ fn pool_zero_copy_every_dtype_and_world_back_to_back(ctx: Arc<CudaContext>) {
         let mut g = rng(seed);
         let mut keep = Vec::new();
         for (i, &len) in [1usize, 7, 8, 9, 1000, 65_537, 1_000_003, 3].iter().enumerate() {
-            let p = comms[0].pool_path(len, T::DTYPE, false).unwrap();
-            if len * T::DTYPE.size() <= LOW_LATENCY_MAX {
-                assert_eq!(p.algorithm, Algorithm::LowLatency, "{p}");
-            } else {
-                assert!(p.reason.starts_with("zero-copy (pool)"), "{p}");
-            }
+            check_pool_path(&comms[0], len, T::DTYPE, false, "zero-copy (pool)");
             let inputs: Vec<Vec<T>> = (0..w).map(|_| random_input(&mut g, len)).collect();
             let outs = pool_round(comms, streams, &inputs).unwrap();
             verify(&inputs, &outs, &format!("pool {} W={w} len={len}", T::DTYPE)).unwrap();
@@ -173,7 +191,7 @@ fn pool_zero_copy_every_dtype_and_world_back_to_back(ctx: Arc<CudaContext>) {
 }
 
 /// Out of place from a pool buffer (`all_reduce_from_pool`): the low-latency kernel in its
-/// range, the zero-copy two-shot above it, every dtype and world, outputs at element offsets 0 and 3, the input
+/// range, the copy-in one-shot in the one-shot range, the zero-copy two-shot above it, every dtype and world, outputs at element offsets 0 and 3, the input
 /// left as it was. Then 20 calls back to back per rank without a host sync, each rewriting the
 /// pool input (a device copy on the rank's stream) right after the previous call: the input
 /// may be overwritten as soon as the call is complete on the stream.
@@ -182,12 +200,7 @@ fn pool_input_out_of_place_zero_copy_every_dtype_and_world(ctx: Arc<CudaContext>
         let w = comms.len();
         let mut g = rng(seed);
         for &len in &[1usize, 7, 9, 1000, 65_537, 1_000_003] {
-            let p = comms[0].pool_path(len, T::DTYPE, true).unwrap();
-            if len * T::DTYPE.size() <= LOW_LATENCY_MAX {
-                assert_eq!(p.algorithm, Algorithm::LowLatency, "{p}");
-            } else {
-                assert!(p.reason.starts_with("zero-copy (pool): two-shot"), "{p}");
-            }
+            check_pool_path(&comms[0], len, T::DTYPE, true, "zero-copy (pool): two-shot");
             let inputs: Vec<Vec<T>> = (0..w).map(|_| random_input(&mut g, len)).collect();
             let mut bufs: Vec<SymmetricTensor<T>> = (0..w)
                 .map(|r| comms[r].alloc_symmetric::<T>(len, &streams[r]).unwrap())
@@ -666,10 +679,18 @@ fn pool_exhausted_and_foreign_buffers_are_typed_errors(ctx: Arc<CudaContext>) {
     let outs = pool_round(&other, &other_streams, &inputs).unwrap();
     verify(&inputs, &outs, "the other group's own pool").unwrap();
     // all_reduce_pool_buffer: a pool buffer seen through another handle (a raw view of its
-    // whole allocation) is reduced zero-copy, above and in the low-latency range; another
+    // whole allocation) is reduced, by the low-latency kernel (4 KB) and zero-copy (64 KB,
+    // above this group's 16 KiB capacity, so above the copy-in range); another
     // communicator's buffer, a view inside an allocation and a plain buffer are refused
     // before anything runs.
+    let (comms, streams) = group(&ctx, 2, config(16 << 10, 1 << 20));
     for n in [1000usize, 16_000] {
+        let p = comms[0].pool_path(n, DType::F32, false).unwrap();
+        if n == 1000 {
+            assert_eq!(p.algorithm, Algorithm::LowLatency, "{p}");
+        } else {
+            assert!(p.reason.starts_with("zero-copy (pool)"), "{p}");
+        }
         let mut own: Vec<SymmetricTensor<f32>> = (0..2)
             .map(|r| comms[r].alloc_symmetric::<f32>(n, &streams[r]).unwrap())
             .collect();
@@ -714,8 +735,8 @@ fn pool_exhausted_and_foreign_buffers_are_typed_errors(ctx: Arc<CudaContext>) {
 /// Case A: different offsets (rank 0 has one more live buffer). Case B: same offset, different
 /// sequence numbers (rank 0 allocated and dropped one more buffer). Case C: the same
 /// allocations everywhere, but the last rank passes its second buffer. Sizes above the
-/// low-latency range (there the pool call takes the low-latency kernel, which reads no peer's
-/// pool memory).
+/// capacity, so zero-copy at every world (below, the pool call copies in or takes the
+/// low-latency kernel, and reads no peer's pool memory).
 fn diverged_allocation_sequences_are_refused_on_every_rank(ctx: Arc<CudaContext>) {
     for (case, w) in [("A", 2usize), ("B", 3), ("C", 4), ("A", 8)] {
         let cfg = Config {
@@ -723,7 +744,7 @@ fn diverged_allocation_sequences_are_refused_on_every_rank(ctx: Arc<CudaContext>
             ..config(1 << 20, 4 << 20)
         };
         let (comms, streams) = group(&ctx, w, cfg);
-        let len = 100_000;
+        let len = 300_000;
         let mut extra = None;
         if case == "A" {
             extra = Some(comms[0].alloc_symmetric::<f32>(100, &streams[0]).unwrap());

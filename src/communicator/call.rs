@@ -67,10 +67,11 @@ impl Communicator {
     }
 
     /// Sums the pool buffer `input` over all ranks into `output`, reading every rank's copy
-    /// of `input` in place (zero-copy) where that is the fastest path: the low-latency kernel
-    /// in its range (it copies nothing in anyway), the zero-copy two-shot up to
-    /// `capacity_bytes`, then what an ordinary buffer gets ([`pool_path`](Self::pool_path)
-    /// with `out_of_place`). Every rank calls it with its buffer of the same allocation
+    /// of `input` in place (zero-copy) where that is the fastest path: what an ordinary buffer
+    /// gets where `Auto` takes the low-latency kernel (it copies nothing in anyway) or the
+    /// one-shot (its copy-in costs less than a second barrier), above that the zero-copy
+    /// two-shot up to `capacity_bytes`, then what an ordinary buffer gets
+    /// ([`pool_path`](Self::pool_path) with `out_of_place`). Every rank calls it with its buffer of the same allocation
     /// (checked on the device before the peers' copies are read: [`Error::PoolMismatch`]).
     /// `input` may be rewritten as soon as the call is complete on the stream. A pool buffer
     /// of another communicator is refused with [`Error::ForeignPoolBuffer`].
@@ -128,8 +129,9 @@ impl Communicator {
     }
 
     /// Sums a buffer of this communicator's symmetric pool over all ranks, in place
-    /// ([`pool_path`](Self::pool_path)): the low-latency kernel in its range, above it the
-    /// zero-copy in-place kernel, which reads every rank's copy directly. Every rank passes its
+    /// ([`pool_path`](Self::pool_path)): the kernel an ordinary buffer gets where `Auto` takes
+    /// the low-latency kernel or the one-shot (the one-shot copies in, in place), above them
+    /// the zero-copy in-place kernel, which reads every rank's copy directly. Every rank passes its
     /// buffer of the same allocation. The agreement is checked on the device before any data
     /// is touched; a divergence is [`Error::PoolMismatch`] on every rank (reported by this call
     /// or the next, as a peer timeout is), nothing reduced. A pool buffer of another

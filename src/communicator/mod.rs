@@ -366,11 +366,12 @@ impl Communicator {
     }
 
     /// Where a zero-copy call on a pool buffer of `len` elements goes
-    /// ([`all_reduce_pool`](Self::all_reduce_pool), or `all_reduce_in_place` with
-    /// `Algorithm::Auto` on a 16-byte aligned view of a pool buffer): "zero-copy (pool)", the
-    /// in-place two-shot kernel reading the peers' pool memory, or NCCL.
-    /// `out_of_place`: where `all_reduce` from a pool buffer into another buffer goes (the
-    /// zero-copy two-shot up to `capacity_bytes`, then what an ordinary buffer gets).
+    /// ([`all_reduce_pool`](Self::all_reduce_pool),
+    /// [`all_reduce_pool_buffer`](Self::all_reduce_pool_buffer)): the low-latency kernel or
+    /// the copy-in one-shot in their ranges, else "zero-copy (pool)", the in-place two-shot
+    /// kernel reading the peers' pool memory, or NCCL. `out_of_place`: where `all_reduce` from
+    /// a pool buffer into another buffer goes (the same below, then the zero-copy two-shot up to
+    /// `capacity_bytes`, then what an ordinary buffer gets).
     pub fn pool_path(&self, len: usize, dtype: DType, out_of_place: bool) -> Result<PathDecision> {
         let kind = if out_of_place {
             CallKind::PoolInput

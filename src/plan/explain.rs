@@ -634,7 +634,7 @@ mod tests {
     }
 
     #[test]
-    fn pool_calls_are_zero_copy_above_the_low_latency_range_unless_nccl_is_configured() {
+    fn pool_calls_are_zero_copy_above_the_one_shot_range_unless_nccl_is_configured() {
         let c = Config {
             capacity_bytes: 1 << 20,
             nccl_above_bytes: Some(64 << 10),
@@ -656,7 +656,55 @@ mod tests {
                 );
             }
         }
-        for len in [(16usize << 10) + 1, 1 << 20, 64 << 20] {
+        // Above it, up to the NCCL threshold (64 KiB) in the one-shot range (512 KiB at W = 4):
+        // the copy-in one-shot, in place or not.
+        for kind in [CallKind::Pool, CallKind::PoolInput] {
+            for len in [(16usize << 10) + 1, 32 << 10] {
+                let r = route(kind, len, DType::BF16, &c, Algorithm::Auto, f).unwrap();
+                assert!(
+                    matches!(
+                        r.target,
+                        Target::Kernel(crate::kernels::registry::Kernel::OneShot, _)
+                    ),
+                    "{kind:?} {len}: {r:?}"
+                );
+                let p = explain(&r, Algorithm::Auto, &c, f);
+                assert!(p.reason.contains("<= one-shot limit"), "{p}");
+            }
+        }
+        // Past the NCCL threshold or the one-shot range: zero-copy, in place above the capacity
+        // too.
+        let no_threshold = Config {
+            nccl_above_bytes: None,
+            ..c.clone()
+        };
+        let r = route(
+            CallKind::Pool,
+            200 << 10,
+            DType::BF16,
+            &no_threshold,
+            Algorithm::Auto,
+            f,
+        )
+        .unwrap();
+        assert!(matches!(
+            r.target,
+            Target::Kernel(crate::kernels::registry::Kernel::OneShot, _)
+        ));
+        let r = route(
+            CallKind::Pool,
+            (256 << 10) + 1,
+            DType::BF16,
+            &no_threshold,
+            Algorithm::Auto,
+            f,
+        )
+        .unwrap();
+        assert!(matches!(
+            r.target,
+            Target::Kernel(crate::kernels::registry::Kernel::InPlace, _)
+        ));
+        for len in [(32usize << 10) + 1, 1 << 20, 64 << 20] {
             let r = route(CallKind::Pool, len, DType::BF16, &c, Algorithm::Auto, f).unwrap();
             assert!(matches!(
                 r.target,
@@ -682,9 +730,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(r.target, Target::Nccl);
-        // Out of place from a pool buffer: the zero-copy two-shot up to the capacity, then
-        // what an ordinary buffer gets (here NCCL, above the capacity with a fallback).
-        for len in [(16usize << 10) + 1, 100_000, 1 << 19] {
+        // Out of place from a pool buffer past the NCCL threshold: the zero-copy two-shot up to
+        // the capacity, then what an ordinary buffer gets (here NCCL, above the capacity with a
+        // fallback).
+        for len in [(32usize << 10) + 1, 100_000, 1 << 19] {
             let r = route(CallKind::PoolInput, len, DType::BF16, &c, Algorithm::Auto, f).unwrap();
             assert!(matches!(
                 r.target,

@@ -17,12 +17,12 @@ pub(crate) enum CallKind {
     Symmetric,
     /// A buffer of the communicator's symmetric pool, reduced in place
     /// (`all_reduce_pool`: the API call, the same on every rank, says so; never a pointer
-    /// test): zero-copy above the low-latency range, not bounded by `capacity_bytes` or
-    /// `nccl_above_bytes` (the data never passes the workspace).
+    /// test): zero-copy above the low-latency and one-shot ranges (`copies_in_first`), not
+    /// bounded by `capacity_bytes` or `nccl_above_bytes` (the data never passes the workspace).
     Pool,
     /// Out of place from a pool buffer (`all_reduce_from_pool`): the zero-copy two-shot above
-    /// the low-latency range, whose reduced slices pass the data buffers, so up to
-    /// `capacity_bytes`.
+    /// the low-latency and one-shot ranges, whose reduced slices pass the data buffers, so up
+    /// to `capacity_bytes`.
     PoolInput,
 }
 
@@ -166,13 +166,17 @@ pub(crate) fn route(
             }),
         };
     }
-    // The low-latency kernel copies nothing in anyway: pool calls in its range take it (in
-    // place too), as ordinary buffers do; above it the zero-copy kernels read the pool.
-    let low_latency_first = requested == Algorithm::Auto
-        && matches!(config.algorithm, Algorithm::Auto | Algorithm::Multimem)
-        && bytes <= config.thresholds(dtype, facts.world).low_latency_max;
+    // Pool calls take what an ordinary buffer takes (in place too) where the size rule picks a
+    // kernel with one barrier or none: the low-latency kernel copies nothing in anyway, and the
+    // one-shot's copy-in costs less than the zero-copy kernels' second barrier (8 virtual ranks
+    // on one H100, bf16, chain of 10: 128 KiB one-shot 7.52 µs, zero-copy in place 10.63). Above
+    // the one-shot range (or past an NCCL threshold) the zero-copy kernels read the pool.
     let kind = match kind {
-        CallKind::Pool | CallKind::PoolInput if low_latency_first => CallKind::Buffers,
+        CallKind::Pool | CallKind::PoolInput
+            if copies_in_first(bytes, dtype, config, requested, facts.world) =>
+        {
+            CallKind::Buffers
+        }
         other => other,
     };
     let zero_copy = match kind {
@@ -279,6 +283,21 @@ pub(crate) fn route(
         dtype,
         threshold_ignored,
     })
+}
+
+/// Whether `Auto` sends a pool call of `bytes` through the buffer route: where the size rule
+/// takes the low-latency kernel (whatever the NCCL threshold, as before), or the one-shot
+/// within the capacity and below the NCCL threshold (`Config::thresholds`).
+fn copies_in_first(bytes: usize, dtype: DType, config: &Config, requested: Algorithm, world: usize) -> bool {
+    if requested != Algorithm::Auto || !matches!(config.algorithm, Algorithm::Auto | Algorithm::Multimem) {
+        return false;
+    }
+    let th = config.thresholds(dtype, world);
+    match choose(bytes, dtype, world, config, Algorithm::Auto) {
+        Algorithm::LowLatency => true,
+        Algorithm::OneShot => bytes <= config.capacity_bytes && !th.nccl_above.is_some_and(|l| bytes > l),
+        _ => false,
+    }
 }
 
 /// The multimem kernel `Auto` runs instead of the size rule's peer `kernel`, if any: only with

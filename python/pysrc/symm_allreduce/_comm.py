@@ -364,8 +364,9 @@ class SymmAllReduce:
     def all_reduce_pool(self, t: torch.Tensor) -> torch.Tensor:
         """``t ← Σ_ranks t`` in place, zero-copy, for a tensor from :meth:`alloc_symmetric`
         (the whole tensor): every rank calls it with its tensor of the same allocation. In the
-        low-latency range it takes the low-latency kernel, above it the zero-copy kernel that
-        reads every rank's copy in place. Any other tensor raises ``InvalidCallError``
+        low-latency and one-shot ranges it takes the kernel an ordinary tensor would (the
+        low-latency kernel copies nothing in; the one-shot's copy-in costs less than a second
+        barrier), above them the zero-copy kernel that reads every rank's copy in place. Any other tensor raises ``InvalidCallError``
         (``ForeignPoolBuffer``) before anything runs."""
         self._live().all_reduce_pool(describe(t), _stream(self._device))
         return t
