@@ -295,7 +295,7 @@ fn copies_in_first(bytes: usize, dtype: DType, config: &Config, requested: Algor
     let th = config.thresholds(dtype, world);
     match choose(bytes, dtype, world, config, Algorithm::Auto) {
         Algorithm::LowLatency => true,
-        Algorithm::OneShot => bytes <= config.capacity_bytes && !th.nccl_above.is_some_and(|l| bytes > l),
+        Algorithm::OneShot => bytes <= config.capacity_bytes && th.nccl_above.is_none_or(|l| bytes <= l),
         _ => false,
     }
 }
