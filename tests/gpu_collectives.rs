@@ -535,7 +535,13 @@ fn graph_of_collectives_replays_on_new_inputs(ctx: Arc<CudaContext>) {
 }
 
 fn bad_collective_inputs_are_typed_errors(ctx: Arc<CudaContext>) {
-    let (comms, streams) = group(&ctx, 2, config(64 << 10));
+    // The 32 KiB low-latency slots (the published limit at 2 ranks is 256 KiB, above this
+    // group's capacity): the boundaries below are theirs.
+    let config = Config {
+        low_latency_max_bytes: Some(32 << 10),
+        ..config(64 << 10)
+    };
+    let (comms, streams) = group(&ctx, 2, config);
     let s = &streams[0];
     let c = &comms[0];
     let input = s.clone_htod(&[1.0f32; 100]).unwrap();

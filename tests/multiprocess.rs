@@ -616,6 +616,8 @@ fn nccl_bootstrap_world_of_one_routes_large_calls_to_nccl_correctly(ctx: Arc<Cud
     let config = Config {
         capacity_bytes: 1 << 20,
         nccl_above_bytes: Some(64 << 10),
+        // Below the NCCL threshold (a lone rank's published limit, 256 KiB, is above it).
+        low_latency_max_bytes: Some(32 << 10),
         ..Config::default()
     };
     let comm = Communicator::from_nccl(nccl_world_of_one(&ctx, &nccl_stream), config).unwrap();

@@ -175,6 +175,28 @@ impl Windowed {
 }
 
 /// Contexts with cudarc's per-buffer event tracking off.
+/// The kernel column of a row of `algo` (`plan`: the buffer call's plan): `in_place` for the
+/// zero-copy calls (`in_place_mm` on multimem), `in_place_` and the kernel's name for a pool
+/// call that takes the low-latency kernel or the copy-in one-shot (in place all the same),
+/// else the plan's algorithm.
+pub(crate) fn kernel_label(
+    comm: &Communicator,
+    algo: AlgoChoice,
+    plan: Algorithm,
+    len: usize,
+    dtype: DType,
+) -> String {
+    match algo {
+        AlgoChoice::Multimem => "in_place_mm".into(),
+        AlgoChoice::Symmetric => "in_place".into(),
+        AlgoChoice::Pool => match comm.pool_path(len, dtype, false).map(|p| p.algorithm) {
+            Ok(a @ (Algorithm::LowLatency | Algorithm::OneShot)) => format!("in_place_{}", a.name()),
+            _ => "in_place".into(),
+        },
+        _ => plan.name().into(),
+    }
+}
+
 pub fn contexts(placement: Placement, world: usize) -> Result<Vec<Arc<CudaContext>>, symm_allreduce::Error> {
     let ctxs = match placement {
         Placement::Virtual { device } => vec![symm_allreduce::context(device)?; world],
@@ -709,13 +731,7 @@ impl Bench {
                 pool_bufs.push(c.alloc_symmetric::<T>(len, s)?);
             }
         }
-        let kernel_name = if algo == AlgoChoice::Multimem {
-            "in_place_mm"
-        } else if symmetric || pool {
-            "in_place"
-        } else {
-            kernel.algorithm.name()
-        };
+        let kernel_name = kernel_label(&self.comms[0], algo, kernel.algorithm, len, dtype);
 
         // Verify once: zeroed outputs, one call per rank, compare rank 0 with the sum.
         self.clear(b, world)?;
@@ -783,7 +799,7 @@ impl Bench {
                     dtype: dtype.name().into(),
                     mode,
                     algo: algo.name().into(),
-                    kernel: kernel_name.into(),
+                    kernel: kernel_name.clone(),
                     placement: self.placement.name().into(),
                     world,
                     blocks: Some(kernel.blocks),

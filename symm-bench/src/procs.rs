@@ -860,16 +860,10 @@ impl RankBench {
         let pool = algo == AlgoChoice::Pool;
         let algorithm = algo.symm().unwrap_or(Algorithm::Nccl);
         let (kernel, blocks) = if nccl {
-            ("nccl", None)
+            ("nccl".to_string(), None)
         } else {
             let grid = self.comm.plan(len, dtype, algorithm);
-            let name = if algo == AlgoChoice::Multimem {
-                "in_place_mm"
-            } else if symmetric || pool {
-                "in_place"
-            } else {
-                grid.algorithm.name()
-            };
+            let name = bench::kernel_label(&self.comm, algo, grid.algorithm, len, dtype);
             (name, Some(grid.blocks))
         };
         let RankBench {
@@ -956,7 +950,7 @@ impl RankBench {
                     dtype: dtype.name().into(),
                     mode,
                     algo: algo.name().into(),
-                    kernel: kernel.into(),
+                    kernel: kernel.clone(),
                     placement: "processes".into(),
                     world: *world,
                     blocks,
