@@ -362,12 +362,12 @@ class SymmAllReduce:
         return out
 
     def all_reduce_pool(self, t: torch.Tensor) -> torch.Tensor:
-        """``t ← Σ_ranks t`` in place, zero-copy, for a tensor from :meth:`alloc_symmetric`
-        (the whole tensor): every rank calls it with its tensor of the same allocation. In the
-        low-latency and one-shot ranges it takes the kernel an ordinary tensor would (the
-        low-latency kernel copies nothing in; the one-shot's copy-in costs less than a second
-        barrier), above them the zero-copy kernel that reads every rank's copy in place. Any other tensor raises ``InvalidCallError``
-        (``ForeignPoolBuffer``) before anything runs."""
+        """``t ← Σ_ranks t`` in place for a tensor from :meth:`alloc_symmetric` (the whole
+        tensor): every rank calls it with its tensor of the same allocation. In the low-latency
+        and one-shot ranges it takes the kernel an ordinary tensor would (the low-latency
+        kernel copies nothing in; the one-shot's copy-in costs less than a second barrier),
+        above them the zero-copy kernel that reads every rank's copy in place. Any other tensor
+        raises ``InvalidCallError`` (``ForeignPoolBuffer``) before anything runs."""
         self._live().all_reduce_pool(describe(t), _stream(self._device))
         return t
 
@@ -442,8 +442,8 @@ class SymmAllReduce:
 
     def alloc_symmetric(self, shape: int | Sequence[int], dtype: Any) -> torch.Tensor:
         """A tensor over this communicator's symmetric pool (``pool_bytes``), mapped by every
-        rank: :meth:`all_reduce_pool` reduces it zero-copy (:meth:`all_reduce` like any
-        tensor). Collective: every rank allocates (and frees, by dropping the tensors) in the
+        rank: :meth:`all_reduce_pool` reduces it (zero-copy above the one-shot range;
+        :meth:`all_reduce` like any tensor). Collective: every rank allocates (and frees, by dropping the tensors) in the
         same order with the same shapes."""
         native = self._live()
         dims = [int(shape)] if isinstance(shape, int) else [int(s) for s in shape]
