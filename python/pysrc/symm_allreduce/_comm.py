@@ -443,8 +443,8 @@ class SymmAllReduce:
     def alloc_symmetric(self, shape: int | Sequence[int], dtype: Any) -> torch.Tensor:
         """A tensor over this communicator's symmetric pool (``pool_bytes``), mapped by every
         rank: :meth:`all_reduce_pool` reduces it (zero-copy above the one-shot range;
-        :meth:`all_reduce` like any tensor). Collective: every rank allocates (and frees, by dropping the tensors) in the
-        same order with the same shapes."""
+        :meth:`all_reduce` like any tensor). Collective: every rank allocates (and frees, by
+        dropping the tensors) in the same order with the same shapes."""
         native = self._live()
         dims = [int(shape)] if isinstance(shape, int) else [int(s) for s in shape]
         capsule = native.alloc_symmetric(dims, str(dtype))
