@@ -363,8 +363,9 @@ const fn published_one_shot_max(world: usize) -> usize {
 /// reads, with no barrier, so it stays ahead while its polls are cheap: with virtual ranks on
 /// one H200 (the committed tuning rows, docs/tuning/h200-virtual-rows.csv) it beat the
 /// one-shot at W = 4 up to 256 KiB (bf16 64 KiB 3.51 vs 5.32 µs, 256 KiB 5.26 vs 5.93) and at
-/// W = 2 up to 128 KiB by 28–34 % and to 256 KiB by 1–3 %; at W = 8 only up to 32 KiB (48 KiB:
-/// 6.89 vs 6.34).
+/// W = 2 up to 128 KiB by 25–33 % and to 256 KiB by 0–3 %; at W = 8 only up to 32 KiB (48 KiB:
+/// 6.89 vs 6.34). One H100 agreed (docs/bench/h100-virtual-ll-v15: W = 4 bf16 128 KiB 5.32 µs
+/// against the one-shot's 5.77).
 const fn published_low_latency_max(world: usize) -> usize {
     if world <= 4 {
         256 << 10

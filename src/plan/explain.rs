@@ -678,32 +678,23 @@ mod tests {
             nccl_above_bytes: None,
             ..c.clone()
         };
-        let r = route(
-            CallKind::Pool,
-            200 << 10,
-            DType::BF16,
-            &no_threshold,
-            Algorithm::Auto,
-            f,
-        )
-        .unwrap();
-        assert!(matches!(
-            r.target,
-            Target::Kernel(crate::kernels::registry::Kernel::OneShot, _)
-        ));
-        let r = route(
-            CallKind::Pool,
-            (256 << 10) + 1,
-            DType::BF16,
-            &no_threshold,
-            Algorithm::Auto,
-            f,
-        )
-        .unwrap();
-        assert!(matches!(
-            r.target,
-            Target::Kernel(crate::kernels::registry::Kernel::InPlace, _)
-        ));
+        // Without the NCCL threshold: the one-shot up to 512 KiB (W = 4), zero-copy above.
+        use crate::kernels::registry::Kernel::{InPlace, OneShot};
+        for (len, kernel) in [(200usize << 10, OneShot), ((256 << 10) + 1, InPlace)] {
+            let r = route(
+                CallKind::Pool,
+                len,
+                DType::BF16,
+                &no_threshold,
+                Algorithm::Auto,
+                f,
+            )
+            .unwrap();
+            assert!(
+                matches!(r.target, Target::Kernel(k, _) if k == kernel),
+                "{len}: {r:?}"
+            );
+        }
         for len in [(32usize << 10) + 1, 1 << 20, 64 << 20] {
             let r = route(CallKind::Pool, len, DType::BF16, &c, Algorithm::Auto, f).unwrap();
             assert!(matches!(
