@@ -11,8 +11,9 @@
 //! into one peer's low-latency slot ([`CollShape::ll_slot_bytes`]), at most
 //! [`Config::low_latency_limit`]. `Auto` takes them up to the all-reduce's low-latency
 //! threshold in slot bytes (`Config::low_latency_max_bytes`, else the published value of the
-//! world; the reduce-scatter also the tuning table's of its dtype and world); the all-gather's lines carry 8 payload bytes each (see
-//! kernels/low_latency_bytes.cuh), so its slot bytes are twice its chunk.
+//! world; the reduce-scatter also the tuning table's of its dtype and world); the
+//! all-gather's lines carry 8 payload bytes each (see kernels/low_latency_bytes.cuh), so its
+//! slot bytes are twice its chunk.
 //!
 //! Routes: `Algorithm::Nccl` (asked for or configured) → `ncclAllGather` /
 //! `ncclReduceScatter` / grouped `ncclBroadcast`s for all-gather-v; no peer kernels → NCCL;
