@@ -440,9 +440,17 @@ impl Config {
     /// table's largest low-latency threshold, whichever is larger, never above the capacity.
     pub fn low_latency_limit(&self, world: usize) -> usize {
         let table = self.tuning.as_ref().map_or(0, TuningTable::max_low_latency_bytes);
-        self.low_latency_max_bytes
-            .unwrap_or(published_low_latency_max(world))
+        self.low_latency_max(None, world)
             .max(table)
+            .min(self.capacity_bytes)
+    }
+
+    /// `low_latency_max_bytes`, else `tuned` (the tuning table's threshold where one applies),
+    /// else the published threshold of `world`; never above the capacity.
+    fn low_latency_max(&self, tuned: Option<usize>, world: usize) -> usize {
+        self.low_latency_max_bytes
+            .or(tuned)
+            .unwrap_or(published_low_latency_max(world))
             .min(self.capacity_bytes)
     }
 
@@ -452,10 +460,7 @@ impl Config {
     pub(crate) fn low_latency_threshold(&self, dtype: Option<DType>, world: usize) -> usize {
         match dtype {
             Some(d) => self.thresholds(d, world).low_latency_max,
-            None => self
-                .low_latency_max_bytes
-                .unwrap_or(published_low_latency_max(world))
-                .min(self.capacity_bytes),
+            None => self.low_latency_max(None, world),
         }
     }
 
@@ -513,11 +518,7 @@ impl Config {
     pub(crate) fn thresholds(&self, dtype: DType, world: usize) -> Thresholds {
         let entry = self.tuning.as_ref().and_then(|t| t.get(dtype, world));
         Thresholds {
-            low_latency_max: self
-                .low_latency_max_bytes
-                .or(entry.map(|e| e.low_latency_max_bytes))
-                .unwrap_or(published_low_latency_max(world))
-                .min(self.capacity_bytes),
+            low_latency_max: self.low_latency_max(entry.map(|e| e.low_latency_max_bytes), world),
             one_shot_max: self
                 .one_shot_max_bytes
                 .or(entry.map(|e| e.one_shot_max_bytes))

@@ -286,16 +286,21 @@ pub(crate) fn route(
 }
 
 /// Whether `Auto` sends a pool call of `bytes` through the buffer route: where the size rule
-/// takes the low-latency kernel (whatever the NCCL threshold, as before), or the one-shot
-/// within the capacity and below the NCCL threshold (`Config::thresholds`).
+/// takes the low-latency kernel (whatever the NCCL threshold), or the one-shot within the
+/// capacity and at most the NCCL threshold (`Config::thresholds`).
 fn copies_in_first(bytes: usize, dtype: DType, config: &Config, requested: Algorithm, world: usize) -> bool {
     if requested != Algorithm::Auto || !matches!(config.algorithm, Algorithm::Auto | Algorithm::Multimem) {
         return false;
     }
-    let th = config.thresholds(dtype, world);
     match choose(bytes, dtype, world, config, Algorithm::Auto) {
         Algorithm::LowLatency => true,
-        Algorithm::OneShot => bytes <= config.capacity_bytes && th.nccl_above.is_none_or(|l| bytes <= l),
+        Algorithm::OneShot => {
+            bytes <= config.capacity_bytes
+                && config
+                    .thresholds(dtype, world)
+                    .nccl_above
+                    .is_none_or(|l| bytes <= l)
+        }
         _ => false,
     }
 }

@@ -174,7 +174,6 @@ impl Windowed {
     }
 }
 
-/// Contexts with cudarc's per-buffer event tracking off.
 /// The kernel column of a row of `algo` (`plan`: the buffer call's plan): `in_place` for the
 /// zero-copy calls (`in_place_mm` on multimem), `in_place_` and the kernel's name for a pool
 /// call that takes the low-latency kernel or the copy-in one-shot (in place all the same),
@@ -197,6 +196,7 @@ pub(crate) fn kernel_label(
     }
 }
 
+/// Contexts with cudarc's per-buffer event tracking off.
 pub fn contexts(placement: Placement, world: usize) -> Result<Vec<Arc<CudaContext>>, symm_allreduce::Error> {
     let ctxs = match placement {
         Placement::Virtual { device } => vec![symm_allreduce::context(device)?; world],
