@@ -59,7 +59,7 @@ constexpr uint32_t FLAG_PDL_AT_EXIT = 1;
 // `SymmArgs::flags` of the test consumer (symm_consume): it calls `griddepcontrol.wait` first.
 constexpr uint32_t FLAG_CONSUMER_WAITS = 2;
 // `SymmArgs::flags`: trigger Programmatic Dependent Launch as soon as the kernel has passed its
-// own `griddepcontrol.wait` (the call has begun), not after its last wait on the peers. Set by
+// own `griddepcontrol.wait` (the call has begun), not after its first wait on the peers. Set by
 // the host only when every rank owns its device: the next kernel's blocks then sit resident
 // (in their own `griddepcontrol.wait`) beside blocks that are all resident already. Where
 // ranks share a device they could take the SMs a peer's blocks still need, and the peer's

@@ -131,6 +131,7 @@ __device__ __forceinline__ void all_gather_bytes(const char* in, char* out, cons
     }
 
     if (block_barrier(a, PHASE_START, epoch)) {
+        pdl_trigger(a);
         // Every peer's counts against ours, before any peer data is touched.
         __shared__ uint32_t disagreeing;
         if (threadIdx.x == 0) disagreeing = MAX_RANKS;

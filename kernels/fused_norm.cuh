@@ -146,6 +146,7 @@ __device__ __forceinline__ void fused_one_shot(const NormArgs& f, const SymmArgs
         for (uint32_t k = threadIdx.x; k < packs; k += NORM_THREADS) mine[row * packs + k] = src[row * packs + k];
     }
     if (block_barrier(a, PHASE_START, epoch)) {
+        pdl_trigger(a);
         for (uint64_t row = blockIdx.x; row < f.tokens; row += gridDim.x) {
             const uint64_t base = row * packs;
             add_rmsnorm_row<T>(f, row, [&](uint32_t k) { return sum_ranks<T>(a, rank0, base + k); }, red);
@@ -369,6 +370,7 @@ __device__ __forceinline__ void fused_two_shot(const NormArgs& f, const SymmArgs
         end_call(a, epoch);
         return;
     }
+    pdl_trigger(a);
     for (uint64_t row = blockIdx.x; row < f.tokens; row += gridDim.x) {
         if (row < lo || row >= hi) continue;
         const uint64_t first = row * packs;

@@ -32,6 +32,7 @@ __device__ __forceinline__ void in_place(const T* buf, uint64_t n, const SymmArg
     const uint64_t tail_index = packs * Elem<T>::PER_PACK + threadIdx.x;
     const bool has_tail = blockIdx.x == 0 && tail_index < n;
     if (ok) {
+        pdl_trigger(a);
         for (uint64_t i = loop.first; i < slice; i += loop.step) {
             const uint64_t p = a.rank * slice + i;
             if (p < packs) coll.broadcast_store(p, coll.template load_reduce<T>(p));
@@ -39,7 +40,6 @@ __device__ __forceinline__ void in_place(const T* buf, uint64_t n, const SymmArg
         if (has_tail) tail = coll.template load_reduce_element<T>(tail_index);
         ok = coll.barrier(PHASE_END, epoch);
     }
-    if (ok) pdl_trigger(a);
     if (ok && has_tail) reinterpret_cast<T*>(coll.buffer(a.rank))[tail_index] = Elem<T>::from_float(tail);
     end_call(a, epoch);
 }

@@ -32,6 +32,7 @@ __device__ __forceinline__ void pool_two_shot(const T* in, T* out, uint64_t n, c
         end_call(a, epoch);
         return;
     }
+    pdl_trigger(a);
     for (uint64_t i = loop.first; i < slice; i += loop.step) {
         const uint64_t p = a.rank * slice + i;
         if (p < packs) {

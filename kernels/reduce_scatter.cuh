@@ -65,6 +65,7 @@ __device__ __forceinline__ void reduce_scatter(const T* in, T* out, uint64_t n, 
     }
 
     if (block_barrier(a, PHASE_START, epoch)) {
+        pdl_trigger(a);
         const char* rank0 = data_buffer(a, 0, parity) + a.rank * slice_bytes;
         const bool out_aligned = is_aligned(out, 16);
         for (uint64_t i = loop.first; i < packs; i += loop.step) store_pack(out, i, sum_ranks<T>(a, rank0, i), out_aligned);

@@ -75,10 +75,16 @@ __device__ __forceinline__ uint64_t begin_call(const SymmArgs& a, const Prefetch
     return epoch;
 }
 
-// Lets the next kernel on the stream launch (Programmatic Dependent Launch) once this thread's
-// last cross-rank wait has passed; with FLAG_PDL_AT_EXIT the kernel leaves it to its exit,
-// when its output is complete (for consumers that do not call `griddepcontrol.wait`); with
-// FLAG_PDL_EARLY `begin_call` has triggered already.
+// Lets the next kernel on the stream launch (Programmatic Dependent Launch); called once this
+// thread's first cross-rank wait has passed (a barrier kernel right after its start barrier, a
+// low-latency thread once every peer's data has arrived). The next kernel launches when every
+// block has triggered, so every peer's blocks of this call have signalled this rank and are
+// resident: the next kernel's blocks, parked in their own `griddepcontrol.wait`, take only SMs
+// that no block of the call still needs, even where ranks share a device; the rest of the
+// call (reduce, middle or end barrier, gather) then runs beside the next launch. With
+// FLAG_PDL_AT_EXIT the kernel leaves it to its exit, when its output is complete (for
+// consumers that do not call `griddepcontrol.wait`); with FLAG_PDL_EARLY `begin_call` has
+// triggered already.
 __device__ __forceinline__ void pdl_trigger(const SymmArgs& a) {
     if ((a.flags & (FLAG_PDL_AT_EXIT | FLAG_PDL_EARLY)) == 0) pdl_launch_dependents();
 }

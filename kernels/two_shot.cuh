@@ -54,6 +54,7 @@ __device__ __forceinline__ void two_shot_body(const T* in, T* out, uint64_t n, c
     copy_tail_in(a, parity, in, n);
 
     if (!block_barrier_arrive(a, PHASE_START, epoch)) return;
+    pdl_trigger(a);
     for (uint64_t i0 = loop.first; i0 < slice; i0 += U * loop.step) {
         uint4 v[U][R];
 #pragma unroll
@@ -80,7 +81,6 @@ __device__ __forceinline__ void two_shot_body(const T* in, T* out, uint64_t n, c
     if (a.world == 1) return;
 
     if (block_barrier(a, PHASE_MIDDLE, epoch)) {
-        pdl_trigger(a);
         for (uint64_t i0 = loop.first; i0 < slice; i0 += U * loop.step) {
             uint4 v[U][R];
 #pragma unroll

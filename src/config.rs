@@ -217,7 +217,7 @@ pub struct Config {
     /// to complete before it touches any memory. `false`: plain launches.
     pub pdl: bool,
     /// With PDL on, let the next kernel on the stream launch only when a collective kernel
-    /// exits (its output complete), instead of once its last wait on the peers has passed.
+    /// exits (its output complete), instead of once its first wait on the peers has passed.
     /// The default (`false`) overlaps the next kernel's launch with the end of the collective;
     /// it is safe for every consumer that waits (`griddepcontrol.wait`, as every kernel of
     /// this crate does) or that is launched without programmatic serialization (it then

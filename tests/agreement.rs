@@ -565,7 +565,7 @@ fn pdl_consumers_see_the_complete_output(ctx: Arc<CudaContext>) {
 }
 
 /// The PDL trigger each rank reports: early (at the start of a collective) only where the rank
-/// owns its device (`Config::early_trigger`), after the last wait where ranks share one, at
+/// owns its device (`Config::early_trigger`), after the first wait where ranks share one, at
 /// exit with `pdl_at_exit`. A lone rank with the early trigger: a consumer that waits sees the
 /// complete output (the all-reduce of one rank is its input), 30 rounds per algorithm.
 fn the_early_trigger_is_for_ranks_with_a_device_of_their_own(ctx: Arc<CudaContext>) {
@@ -586,7 +586,7 @@ fn the_early_trigger_is_for_ranks_with_a_device_of_their_own(ctx: Arc<CudaContex
     let (shared, _) = common::group(&ctx, 2, config(false));
     for c in &shared {
         let line = pdl_line(c);
-        assert!(line.contains("last wait on the peers"), "{line}");
+        assert!(line.contains("first wait on the peers"), "{line}");
     }
     drop(shared);
     let (at_exit, _) = common::group(

@@ -603,3 +603,43 @@ fn pdl_launched_kernels_touch_no_global_memory_before_griddepcontrol_wait() {
     // dtypes, the empty kernel, the sync floor and the spin.
     assert_eq!(checked, 16 * 3 + 3, "kernels checked in the sm_90 SASS");
 }
+
+/// Every kernel that meets its peers lets the next kernel launch before it exits: besides the
+/// trigger of `begin_call` (`FLAG_PDL_EARLY`, for ranks with a device of their own) it has one
+/// after its first wait on the peers (`pdl_trigger`), which is where ranks that share a device
+/// trigger. In the sm_90 SASS `griddepcontrol.launch_dependents` is `PREEXIT`: at least two
+/// in every such kernel. A kernel with only `begin_call`'s would leave the next launch to its
+/// exit wherever ranks share a device (the fused one-shot and two-shot, the pool two-shot and
+/// the one-shot all-gather and reduce-scatter once did: about 1–2 µs a call in a chain).
+#[test]
+fn every_collective_kernel_triggers_after_its_first_wait() {
+    let test = "every_collective_kernel_triggers_after_its_first_wait";
+    if !kernels_or_skip(test) {
+        return;
+    }
+    let Some(sass) = sass::sm90_or_skip(test) else {
+        return;
+    };
+    let helpers = ["symm_produce", "symm_consume", "symm_empty", "symm_spin"];
+    let mut checked = 0;
+    for f in sass {
+        // The epilogue of the unfused pair meets no peer.
+        if helpers.contains(&f.name.as_str()) || f.name.starts_with("symm_rmsnorm_") {
+            continue;
+        }
+        let triggers = f.find("PREEXIT").len();
+        assert!(
+            triggers >= 2,
+            "{}: {triggers} griddepcontrol.launch_dependents (PREEXIT) in the sm_90 SASS; a \
+             collective kernel needs begin_call's and one after its first wait on the peers",
+            f.name
+        );
+        checked += 1;
+    }
+    // 15 collective kernels × 3 dtypes and the sync floor.
+    assert_eq!(
+        checked,
+        15 * 3 + 1,
+        "collective kernels checked in the sm_90 SASS"
+    );
+}

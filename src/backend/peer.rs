@@ -84,8 +84,8 @@ pub(crate) struct PeerBackend {
 /// device `sharing` ranks use (itself included): at exit with `Config::pdl_at_exit`; as soon
 /// as the call has begun with `Config::early_trigger` where this rank owns its device (the
 /// next kernel's blocks can then only sit beside blocks that are all resident already); else
-/// after the last wait on the peers, which never holds a multiprocessor a peer sharing the
-/// device still needs.
+/// after the first wait on the peers: every peer's blocks of the call are resident by then, so
+/// the next kernel's blocks never hold a multiprocessor a peer sharing the device still needs.
 fn pdl_trigger_flags(config: &Config, sharing: usize) -> u32 {
     if config.pdl_at_exit {
         FLAG_PDL_AT_EXIT
@@ -174,7 +174,7 @@ impl PeerBackend {
                 "on, the next kernel launches as soon as a collective has begun (Config::early_trigger; this rank \
                  owns its device)"
             }
-            _ => "on, the next kernel launches once a collective's last wait on the peers has passed",
+            _ => "on, the next kernel launches once a collective's first wait on the peers has passed",
         }
     }
 

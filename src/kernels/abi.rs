@@ -151,7 +151,7 @@ pub(crate) const FLAG_PDL_AT_EXIT: u32 = 1;
 /// `SymmArgs::flags` of the test consumer kernel: it waits for its predecessor first.
 pub(crate) const FLAG_CONSUMER_WAITS: u32 = 2;
 /// `SymmArgs::flags`: the kernel lets the next one launch (PDL) as soon as it has begun its
-/// call, not after its last wait on the peers (`Config::early_trigger`, only where no other
+/// call, not after its first wait on the peers (`Config::early_trigger`, only where no other
 /// rank shares this rank's device).
 pub(crate) const FLAG_PDL_EARLY: u32 = 4;
 /// Bits of a barrier flag that carry the call's identity (the epoch is above them; checked

@@ -229,7 +229,7 @@ pub struct Args {
     #[arg(long = "no-pdl")]
     pub no_pdl: bool,
 
-    /// Trigger the next launch only after a collective's last wait on the peers
+    /// Trigger the next launch only after a collective's first wait on the peers
     /// (`Config::early_trigger = false`), to compare with the default early trigger. Ranks that
     /// share a device (`--virtual`) never trigger early, so this changes nothing there.
     #[arg(long = "no-early-trigger")]
