@@ -609,8 +609,7 @@ fn pdl_launched_kernels_touch_no_global_memory_before_griddepcontrol_wait() {
 /// after its first wait on the peers (`pdl_trigger`), which is where ranks that share a device
 /// trigger. In the sm_90 SASS `griddepcontrol.launch_dependents` is `PREEXIT`: at least two
 /// in every such kernel. A kernel with only `begin_call`'s would leave the next launch to its
-/// exit wherever ranks share a device (the fused one-shot and two-shot, the pool two-shot and
-/// the one-shot all-gather and reduce-scatter once did: about 1–2 µs a call in a chain).
+/// exit wherever ranks share a device.
 #[test]
 fn every_collective_kernel_triggers_after_its_first_wait() {
     let test = "every_collective_kernel_triggers_after_its_first_wait";
