@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# One call: every collective kernel triggers the next launch after its first wait on the peers
-# (new) against the tree before, whose two-shot and in-place kernels triggered after their last
-# barrier and whose fused one-shot / two-shot, pool two-shot and one-shot all-gather /
-# reduce-scatter at exit (old: .gpux/old). Alternating rounds of symm-bench (W = 8, 4, 2) and
-# tp_decode (W = 8 and 4), between them the GPU suites the kernels reach (the three suites
-# rewritten for the per-world low-latency threshold first), then pytest on this tree's wheel.
+# One call. The staged tree (.gpux/gpu.tar.xz, "new") is the trigger change (every collective
+# kernel triggers the next launch after its first wait on the peers) with the two-shot over the
+# low-latency lines on top; "old" (.gpux/old) is the tree before the trigger change, whose
+# two-shot and in-place kernels triggered after their last barrier and whose fused one-shot /
+# two-shot, pool two-shot and one-shot all-gather / reduce-scatter at exit. Alternating rounds
+# of symm-bench (W = 8, 4, 2) and tp_decode (W = 8 and 4); kernel variants (exp); between them
+# the GPU suites (those the new kernel reaches first), then pytest on the tree's wheel.
 # Every step is skipped past LIMIT.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 REQUIRE_GPU=1 RUST_BACKTRACE=1
 set -u
@@ -13,6 +14,8 @@ LIMIT=${LIMIT:-570}
 L=$OUT/a; mkdir -p $L/sweep $L/coll $L/tp $L/suite
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > $L/gpu.txt 2>&1; nproc >> $L/gpu.txt
 tar -xJf .gpux/gpu.tar.xz
+# The tree before (old/) and the experiments' binaries (exp/), packed to fit the carry limit.
+[ -f .gpux/extra.tar.xz ] && tar -xJf .gpux/extra.tar.xz -C .gpux
 B=.gpu/bin
 left() { echo $((LIMIT-(SECONDS-T0))); }
 sb() { [ $1 = new ] && echo $B/bin-symm-bench || echo .gpux/old/symm-bench; }
@@ -50,18 +53,35 @@ suites() {
     timeout $(left) $f --test-threads=1 > $L/suite/test-$t.log 2>&1; echo "$t rc=$? t=$((SECONDS-T0))"
   done
 }
+# Kernel variants beside the staged tree (only where .gpux/exp/ is staged), at W = 8 and 4:
+# `main`, the tree with the trigger change alone; `relax`, that tree with block_barrier's polls
+# relaxed and one acquire re-read once the flag has arrived; `wide`, that tree with the two-shot
+# kernel itself over the low-latency lines wherever a shard's two halves fit a whole slot (not
+# only the low-latency limit: how far the form would carry with larger slots).
+exp() {
+  [ -x .gpux/exp/symm-bench-main ] || return
+  mkdir -p $L/exp
+  for w in 8 4; do for v in new main relax wide; do
+    [ $(left) -gt 40 ] || { echo "no time for exp $w r$1 $v"; return; }
+    X=$B/bin-symm-bench; [ $v = new ] || X=.gpux/exp/symm-bench-$v
+    timeout 40 $X --world $w --virtual --dtype bf16 --sizes 8K,64K,128K,256K,512K,1M,2M \
+      --algos one_shot,two_shot,pool --modes graph_amortised \
+      --out $L/exp/w$w-r$1-$v > /dev/null 2> $L/exp/w$w-r$1-$v.err || echo "exp fail $w r$1 $v"
+  done; done
+  echo "exp r$1 t=$((SECONDS-T0))"
+}
 sweep 8 1
-suites gpu_collectives gpu_tuning multiprocess gpu_fused
+suites gpu_all_reduce agreement protocol gpu_collectives gpu_tuning multiprocess
+exp 1
 sweep 4 1; tp 8 1
-cd $OUT && tar czf a1.tgz a/gpu.txt a/sweep a/coll a/tp a/suite && cd - > /dev/null
-suites gpu_pool gpu_all_reduce protocol
-sweep 2 1; coll 8 1; sweep 8 2; sweep 4 2; tp 4 1; tp 8 2; coll 4 1
-cd $OUT && tar czf a2.tgz a/sweep a/coll a/tp && cd - > /dev/null
-suites reliability agreement
+cd $OUT && tar czf a1.tgz a/gpu.txt a/sweep a/coll a/tp a/suite $( [ -d a/exp ] && echo a/exp ) && cd - > /dev/null
+suites gpu_fused gpu_pool reliability
 python3 -m pip install --quiet --no-deps --force-reinstall .gpux/wheels/symm_allreduce-*.whl > $L/pip.log 2>&1; echo "pip rc=$?"
-if [ $(left) -gt 130 ]; then
-  (cd python && timeout $(($(left)-10)) python3 -m pytest -q -rs tests > $L/pytest.log 2>&1); echo "pytest rc=$? t=$((SECONDS-T0))"; tail -3 $L/pytest.log
+if [ $(left) -gt 200 ]; then
+  (cd python && timeout 120 python3 -m pytest -q -rs -x tests > $L/pytest.log 2>&1); echo "pytest rc=$? t=$((SECONDS-T0))"; tail -3 $L/pytest.log
 else echo "no time for pytest"; fi
+sweep 2 1; coll 8 1; exp 2; sweep 8 2; sweep 4 2; tp 4 1; tp 8 2; coll 4 1
+cd $OUT && tar czf a2.tgz a/sweep a/coll a/tp a/pytest.log a/pip.log $( [ -d a/exp ] && echo a/exp ) && cd - > /dev/null
 grep -hE "test result|FAILED|panicked" $L/suite/*.log | sort | uniq -c | head -30
-cd $OUT && tar czf a3.tgz a/suite a/pytest.log a/pip.log; rm -rf a
+cd $OUT && tar czf a3.tgz a/suite; rm -rf a
 echo "total t=$((SECONDS-T0))"
