@@ -71,7 +71,12 @@ __device__ __forceinline__ void two_shot_ll_body(const T* in, T* out, uint64_t n
         for (uint32_t u = 0; u < U; ++u) {
             if (k0 + u * loop.step < others) pending |= 1u << u;
         }
+        // The owner sends a line only once its own waits on every rank have passed: a rank
+        // that never came is reported by those direct waits (this rank's sum above, or a
+        // peer's), within one timeout; this wait names the owner only after two.
         Deadline d;
+        d.timeouts = 2;
+        uint32_t owner = a.rank;
         while (true) {
 #pragma unroll
             for (uint32_t u = 0; u < U; ++u) {
@@ -80,6 +85,7 @@ __device__ __forceinline__ void two_shot_ll_body(const T* in, T* out, uint64_t n
                     const uint64_t l = k < mine ? k : k + own_lines;
                     const uint32_t q = static_cast<uint32_t>(l / shard);
                     w[u] = ld_poll_sys(ll_line(a, a.rank, buffer, q, shard + l - q * shard));
+                    owner = q;
                 }
             }
 #pragma unroll
@@ -87,7 +93,7 @@ __device__ __forceinline__ void two_shot_ll_body(const T* in, T* out, uint64_t n
                 if ((pending & (1u << u)) && line_arrived(w[u])) pending &= ~(1u << u);
             }
             if (pending == 0) break;
-            if (!d.keep_waiting(a, PHASE_ARRIVAL, a.rank)) return;
+            if (!d.keep_waiting(a, PHASE_ARRIVAL, owner)) return;
         }
 #pragma unroll
         for (uint32_t u = 0; u < U; ++u) {

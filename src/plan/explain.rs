@@ -506,7 +506,11 @@ mod tests {
         ));
         assert_eq!("ll".parse::<Algorithm>().unwrap(), Algorithm::LowLatency);
         let p = decide_path(100, DType::F32, &c, Algorithm::TwoShot, f).unwrap();
-        assert!(p.reason.starts_with("two_shot was asked for; over the low-latency lines"), "{p}");
+        assert!(
+            p.reason
+                .starts_with("two_shot was asked for; over the low-latency lines"),
+            "{p}"
+        );
         let p = decide_path(1 << 20, DType::F32, &c, Algorithm::TwoShot, f).unwrap();
         assert_eq!(p.reason, "two_shot was asked for");
         let one = PathFacts { world: 1, ..f };

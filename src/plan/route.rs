@@ -416,11 +416,19 @@ mod tests {
             multicast: Err("no multicast"),
             clusters: true,
         };
-        let kernel = |len: usize, dtype: DType, world: usize, config: &Config, algo: Algorithm| {
-            match route(CallKind::Buffers, len, dtype, config, algo, facts(world)).unwrap().target {
-                Target::Kernel(k, _) => k,
-                Target::Nccl => panic!("no NCCL here"),
-            }
+        let kernel = |len: usize, dtype: DType, world: usize, config: &Config, algo: Algorithm| match route(
+            CallKind::Buffers,
+            len,
+            dtype,
+            config,
+            algo,
+            facts(world),
+        )
+        .unwrap()
+        .target
+        {
+            Target::Kernel(k, _) => k,
+            Target::Nccl => panic!("no NCCL here"),
         };
         let c = Config::default();
         for world in 2..=MAX_RANKS {
@@ -431,37 +439,70 @@ mod tests {
                 let lines = limit / 32 * world;
                 let fits = lines * 16 / dtype.size();
                 let over = (lines + 1) * 16 / dtype.size();
-                assert_eq!(kernel(fits, dtype, world, &c, Algorithm::TwoShot), Kernel::TwoShotLowLatency);
-                assert_eq!(kernel(over, dtype, world, &c, Algorithm::TwoShot), Kernel::TwoShot);
+                assert_eq!(
+                    kernel(fits, dtype, world, &c, Algorithm::TwoShot),
+                    Kernel::TwoShotLowLatency
+                );
+                assert_eq!(
+                    kernel(over, dtype, world, &c, Algorithm::TwoShot),
+                    Kernel::TwoShot
+                );
                 // An odd length: the last line is partial.
-                assert_eq!(kernel(fits - 1, dtype, world, &c, Algorithm::TwoShot), Kernel::TwoShotLowLatency);
+                assert_eq!(
+                    kernel(fits - 1, dtype, world, &c, Algorithm::TwoShot),
+                    Kernel::TwoShotLowLatency
+                );
                 // Configured rather than asked for: the same kernels.
                 let configured = Config {
                     algorithm: Algorithm::TwoShot,
                     ..c.clone()
                 };
-                assert_eq!(kernel(fits, dtype, world, &configured, Algorithm::Auto), Kernel::TwoShotLowLatency);
+                assert_eq!(
+                    kernel(fits, dtype, world, &configured, Algorithm::Auto),
+                    Kernel::TwoShotLowLatency
+                );
             }
         }
         // A lone rank's two-shot is a copy: always the barrier kernel's one pass.
-        assert_eq!(kernel(1000, DType::F32, 1, &c, Algorithm::TwoShot), Kernel::TwoShot);
+        assert_eq!(
+            kernel(1000, DType::F32, 1, &c, Algorithm::TwoShot),
+            Kernel::TwoShot
+        );
         // A smaller low-latency limit moves the switch with it.
         let small = Config {
             low_latency_max_bytes: Some(4 << 10),
             ..c.clone()
         };
         // (16 KiB of f32 at W = 8: shards of 128 lines, 4 KiB for both halves.)
-        assert_eq!(kernel(4 << 10, DType::F32, 8, &small, Algorithm::TwoShot), Kernel::TwoShotLowLatency);
-        assert_eq!(kernel((4 << 10) + 4, DType::F32, 8, &small, Algorithm::TwoShot), Kernel::TwoShot);
+        assert_eq!(
+            kernel(4 << 10, DType::F32, 8, &small, Algorithm::TwoShot),
+            Kernel::TwoShotLowLatency
+        );
+        assert_eq!(
+            kernel((4 << 10) + 4, DType::F32, 8, &small, Algorithm::TwoShot),
+            Kernel::TwoShot
+        );
         // The path names the kernel.
         let d = crate::plan::explain::explain(
-            &route(CallKind::Buffers, 1000, DType::F32, &c, Algorithm::TwoShot, facts(8)).unwrap(),
+            &route(
+                CallKind::Buffers,
+                1000,
+                DType::F32,
+                &c,
+                Algorithm::TwoShot,
+                facts(8),
+            )
+            .unwrap(),
             Algorithm::TwoShot,
             &c,
             facts(8),
         );
         assert_eq!(d.kernel, Some("two_shot_ll"));
-        assert!(d.reason.contains("over the low-latency lines, no barrier"), "{}", d.reason);
+        assert!(
+            d.reason.contains("over the low-latency lines, no barrier"),
+            "{}",
+            d.reason
+        );
     }
 
     fn routes_without_allocating(config: &Config) {
