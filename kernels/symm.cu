@@ -7,6 +7,7 @@
 #include "one_shot.cuh"
 #include "pool_two_shot.cuh"
 #include "two_shot.cuh"
+#include "two_shot_ll.cuh"
 
 using symm::SymmArgs;
 
@@ -35,7 +36,8 @@ using symm::SymmArgs;
     SYMM_ENTRY(two_shot, SUFFIX, T, (symm::two_shot<T>(in, out, n, a)))                          \
     SYMM_ENTRY_ONE_BLOCK_PER_SM(in_place, SUFFIX, T, (symm::in_place<symm::UnicastColl, T>(in, n, a))) \
     SYMM_ENTRY(one_shot_ll, SUFFIX, T, (symm::one_shot_ll<symm::UnicastColl, T>(in, out, n, a))) \
-    SYMM_ENTRY(pool_two_shot, SUFFIX, T, (symm::pool_two_shot<T>(in, out, n, a)))
+    SYMM_ENTRY(pool_two_shot, SUFFIX, T, (symm::pool_two_shot<T>(in, out, n, a)))             \
+    SYMM_ENTRY(two_shot_ll, SUFFIX, T, (symm::two_shot_ll<T>(in, out, n, a)))
 
 SYMM_FOR_EACH_DTYPE(SYMM_KERNELS)
 

@@ -481,7 +481,14 @@ fn producer_kernel_copies_any_length_and_offset(ctx: Arc<CudaContext>) {
 
 fn stuck_peer_times_out_poisons_and_does_not_hang(ctx: Arc<CudaContext>) {
     let timeout = Duration::from_millis(200);
-    for algo in [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::LowLatency] {
+    // The two-shot twice: over the low-latency lines (40 KB: a shard fits) and with barriers
+    // (800 KB at W = 3: both halves of a shard exceed the 256 KiB limit).
+    for (algo, len) in [
+        (Algorithm::OneShot, 10_000),
+        (Algorithm::TwoShot, 10_000),
+        (Algorithm::TwoShot, 200_000),
+        (Algorithm::LowLatency, 10_000),
+    ] {
         let comms = Communicator::local_group(
             &[ctx.clone(), ctx.clone(), ctx.clone()],
             Config {
@@ -492,7 +499,7 @@ fn stuck_peer_times_out_poisons_and_does_not_hang(ctx: Arc<CudaContext>) {
         )
         .unwrap();
         let stream = ctx.new_stream().unwrap();
-        let len = fit(&comms[0], algo, DType::F32, 10_000);
+        let len = fit(&comms[0], algo, DType::F32, len);
         let input = stream.clone_htod(&vec![1.0f32; len]).unwrap();
         let mut output = stream.alloc_zeros::<f32>(len).unwrap();
         let started = Instant::now();
@@ -504,7 +511,10 @@ fn stuck_peer_times_out_poisons_and_does_not_hang(ctx: Arc<CudaContext>) {
         let waited = started.elapsed();
         assert!(waited >= timeout, "{algo}: returned after {waited:?}");
         assert!(waited < timeout * 20, "{algo}: took {waited:?}");
-        let expected_phase = if algo == Algorithm::LowLatency {
+        // The low-latency kernels (the two-shot's too, where a shard fits its lines) wait for
+        // the data itself; the barrier kernels at their start barrier.
+        let kernel = comms[0].path(len, DType::F32, algo).unwrap().kernel.unwrap();
+        let expected_phase = if kernel.ends_with("_ll") {
             symm_allreduce::BarrierPhase::Arrival
         } else {
             symm_allreduce::BarrierPhase::Start

@@ -157,8 +157,8 @@ fn every_call_kernel_waits_for_its_predecessor() {
         );
         checked += 1;
     }
-    // 16 kernels of the registry × 3 dtypes, and the sync floor.
-    let expected = 16 * 3 + 1;
+    // 17 kernels of the registry × 3 dtypes, and the sync floor.
+    let expected = 17 * 3 + 1;
     assert!(
         checked >= expected,
         "only {checked} call kernels in the PTX, {expected} expected"
@@ -241,9 +241,9 @@ fn ptxas_reports_no_spills_and_no_stack_frame() {
         .lines()
         .filter(|l| l.trim_start().starts_with(".visible .entry "))
         .count();
-    // 16 kernels × 3 dtypes, the empty kernel, the sync floor, the spin, the producer and the
+    // 17 kernels × 3 dtypes, the empty kernel, the sync floor, the spin, the producer and the
     // PDL consumer.
-    assert_eq!(entries, 16 * 3 + 5, "entry points in the PTX");
+    assert_eq!(entries, 17 * 3 + 5, "entry points in the PTX");
     // The multimem kernels (`symm_<kernel>_mm_<dtype>`, min-arch 90) have sm_90 SASS only.
     let sm90_only = symm_allreduce::embedded_ptx()
         .lines()
@@ -599,9 +599,9 @@ fn pdl_launched_kernels_touch_no_global_memory_before_griddepcontrol_wait() {
         }
         checked += 1;
     }
-    // The sm_90 code of every entry point but the producer and the consumer: 16 kernels × 3
+    // The sm_90 code of every entry point but the producer and the consumer: 17 kernels × 3
     // dtypes, the empty kernel, the sync floor and the spin.
-    assert_eq!(checked, 16 * 3 + 3, "kernels checked in the sm_90 SASS");
+    assert_eq!(checked, 17 * 3 + 3, "kernels checked in the sm_90 SASS");
 }
 
 /// Every kernel that meets its peers lets the next kernel launch before it exits: besides the
@@ -635,10 +635,10 @@ fn every_collective_kernel_triggers_after_its_first_wait() {
         );
         checked += 1;
     }
-    // 15 collective kernels × 3 dtypes and the sync floor.
+    // 16 collective kernels × 3 dtypes and the sync floor.
     assert_eq!(
         checked,
-        15 * 3 + 1,
+        16 * 3 + 1,
         "collective kernels checked in the sm_90 SASS"
     );
 }

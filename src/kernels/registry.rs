@@ -51,6 +51,8 @@ pub(crate) enum Kernel {
     /// The low-latency body over the multimem policy: one multicast store per 32-bit word (per
     /// 16-byte line beyond the grid) (sm_90+, multicast object needed; kernels/multimem.cu).
     LowLatencyMultimem,
+    /// The two-shot over the low-latency lines, no barrier (kernels/two_shot_ll.cuh).
+    TwoShotLowLatency,
 }
 
 /// One registry row.
@@ -65,7 +67,7 @@ pub(crate) struct KernelSpec {
 }
 
 /// Every kernel, in table order.
-pub(crate) const KERNELS: [KernelSpec; 16] = [
+pub(crate) const KERNELS: [KernelSpec; 17] = [
     KernelSpec {
         kernel: Kernel::OneShot,
         prefix: "one_shot",
@@ -162,6 +164,12 @@ pub(crate) const KERNELS: [KernelSpec; 16] = [
         min_arch: 80,
         family: Family::OneShot,
     },
+    KernelSpec {
+        kernel: Kernel::TwoShotLowLatency,
+        prefix: "two_shot_ll",
+        min_arch: 80,
+        family: Family::TwoShot,
+    },
 ];
 
 /// The body-less kernel with the common signature (the benchmark's launch floor).
@@ -189,6 +197,7 @@ impl Kernel {
                 | Kernel::AllGatherLowLatency
                 | Kernel::ReduceScatterLowLatency
                 | Kernel::FusedLowLatency
+                | Kernel::TwoShotLowLatency
         )
     }
 
@@ -211,6 +220,7 @@ impl Kernel {
             Kernel::OneShotMultimem => 13,
             Kernel::LowLatencyMultimem => 14,
             Kernel::FusedLowLatency => 15,
+            Kernel::TwoShotLowLatency => 16,
         }
     }
 

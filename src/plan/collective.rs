@@ -410,14 +410,7 @@ pub(crate) fn explain_collective(
             facts.nccl.err().unwrap_or("there is no NCCL fallback")
         );
     }
-    PathDecision {
-        algorithm: route.algorithm(),
-        plan: match route.target {
-            Target::Kernel(_, plan) => Some(plan),
-            Target::Nccl => None,
-        },
-        reason,
-    }
+    PathDecision::of(route, reason)
 }
 
 #[cfg(test)]

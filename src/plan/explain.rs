@@ -4,6 +4,7 @@
 use super::route::{PathFacts, Route, Rule, Target};
 use super::Plan;
 use crate::config::{Algorithm, Config};
+use crate::kernels::registry::Kernel;
 
 /// Where one call goes and why (see [`crate::Communicator::path`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -14,6 +15,9 @@ pub struct PathDecision {
     pub plan: Option<Plan>,
     /// One sentence naming the deciding rule.
     pub reason: String,
+    /// The device kernel that runs, by its entry-point prefix (`one_shot_ll`, `one_shot`,
+    /// `two_shot_ll`, `two_shot`, `in_place`, `pool_two_shot`, …); `None` for NCCL.
+    pub kernel: Option<&'static str>,
 }
 
 impl std::fmt::Display for PathDecision {
@@ -100,6 +104,12 @@ pub(crate) fn explain(
         Rule::Configured => format!("Config::algorithm is {}", config.algorithm),
         Rule::AskedFor => format!("{requested} was asked for"),
     };
+    if let Target::Kernel(Kernel::TwoShotLowLatency, _) = route.target {
+        reason += &format!(
+            "; over the low-latency lines, no barrier (a shard's two halves fit the low-latency limit, {})",
+            config.low_latency_limit(facts.world)
+        );
+    }
     if route.threshold_ignored {
         reason += &format!(
             "; nccl_above_bytes ({}) is ignored: {}",
@@ -107,13 +117,22 @@ pub(crate) fn explain(
             facts.nccl.err().unwrap_or("there is no NCCL fallback")
         );
     }
-    PathDecision {
-        algorithm,
-        plan: match route.target {
-            Target::Kernel(_, plan) => Some(plan),
-            Target::Nccl => None,
-        },
-        reason,
+    PathDecision::of(route, reason)
+}
+
+impl PathDecision {
+    /// The decision for `route`, with its sentence.
+    pub(crate) fn of(route: &Route, reason: String) -> Self {
+        let (plan, kernel) = match route.target {
+            Target::Kernel(k, plan) => (Some(plan), Some(k.spec().prefix)),
+            Target::Nccl => (None, None),
+        };
+        PathDecision {
+            algorithm: route.algorithm(),
+            plan,
+            reason,
+            kernel,
+        }
     }
 }
 
@@ -487,6 +506,12 @@ mod tests {
         ));
         assert_eq!("ll".parse::<Algorithm>().unwrap(), Algorithm::LowLatency);
         let p = decide_path(100, DType::F32, &c, Algorithm::TwoShot, f).unwrap();
+        assert!(
+            p.reason
+                .starts_with("two_shot was asked for; over the low-latency lines"),
+            "{p}"
+        );
+        let p = decide_path(1 << 20, DType::F32, &c, Algorithm::TwoShot, f).unwrap();
         assert_eq!(p.reason, "two_shot was asked for");
         let one = PathFacts { world: 1, ..f };
         assert_eq!(

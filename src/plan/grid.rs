@@ -59,7 +59,10 @@ pub(crate) fn grid(kernel: Kernel, len: usize, dtype: DType, world: usize, limit
         | Kernel::AllGather
         | Kernel::ReduceScatter
         | Kernel::AllGatherLowLatency
-        | Kernel::ReduceScatterLowLatency => packs,
+        | Kernel::ReduceScatterLowLatency
+        // The low-latency two-shot: a thread per line pushes it to its shard's owner; the
+        // first threads then sum this rank's shard, and every thread gathers.
+        | Kernel::TwoShotLowLatency => packs,
         // One block per row (see plan::fused; the two-shot maps rows to blocks as the
         // one-shot does and splits only the reduction by owner); `len` is rows here.
         Kernel::FusedOneShot | Kernel::FusedTwoShot | Kernel::FusedLowLatency | Kernel::RmsNorm => len,

@@ -29,7 +29,11 @@ pub(crate) const fn algorithm_of(kernel: Kernel) -> Algorithm {
         | Kernel::ReduceScatter
         | Kernel::FusedOneShot
         | Kernel::RmsNorm => Algorithm::OneShot,
-        Kernel::TwoShot | Kernel::InPlace | Kernel::FusedTwoShot | Kernel::PoolTwoShot => Algorithm::TwoShot,
+        Kernel::TwoShot
+        | Kernel::TwoShotLowLatency
+        | Kernel::InPlace
+        | Kernel::FusedTwoShot
+        | Kernel::PoolTwoShot => Algorithm::TwoShot,
         Kernel::LowLatency
         | Kernel::AllGatherLowLatency
         | Kernel::ReduceScatterLowLatency

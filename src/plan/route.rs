@@ -258,7 +258,7 @@ pub(crate) fn route(
             })?;
             match multimem_variant(kernel, config, facts) {
                 Some(multimem) if sized => (multimem, Rule::MultimemSize),
-                _ => (kernel, rule),
+                _ => (two_shot_variant(kernel, bytes, facts.world, config), rule),
             }
         }
     };
@@ -302,6 +302,20 @@ fn copies_in_first(bytes: usize, dtype: DType, config: &Config, requested: Algor
                     .is_none_or(|l| bytes <= l)
         }
         _ => false,
+    }
+}
+
+/// The two-shot's kernel for a call of `bytes`: the one over the low-latency lines (no
+/// barrier) where both halves of a shard, `2·⌈⌈bytes/16⌉/W⌉` lines, fit the low-latency limit
+/// (so its window is no larger than a low-latency call's, and the slots' rotation keeps
+/// differing calls apart the same way), the barrier two-shot above it and for a lone rank.
+/// Every other kernel is returned as it is.
+pub(crate) fn two_shot_variant(kernel: Kernel, bytes: usize, world: usize, config: &Config) -> Kernel {
+    let shard_lines = bytes.div_ceil(16).div_ceil(world.max(1));
+    if kernel == Kernel::TwoShot && world > 1 && 2 * 16 * shard_lines <= config.low_latency_limit(world) {
+        Kernel::TwoShotLowLatency
+    } else {
+        kernel
     }
 }
 
@@ -387,6 +401,108 @@ mod tests {
         for config in [with_threshold, fast, tuned] {
             routes_without_allocating(&config);
         }
+    }
+
+    #[test]
+    fn the_two_shot_runs_over_the_low_latency_lines_where_both_halves_of_a_shard_fit() {
+        let facts = |world| PathFacts {
+            world,
+            limits: Limits {
+                one_shot_blocks: 32,
+                two_shot_blocks: 16,
+            },
+            peer_kernels: Ok(()),
+            nccl: Err("no NCCL"),
+            multicast: Err("no multicast"),
+            clusters: true,
+        };
+        let kernel = |len: usize, dtype: DType, world: usize, config: &Config, algo: Algorithm| match route(
+            CallKind::Buffers,
+            len,
+            dtype,
+            config,
+            algo,
+            facts(world),
+        )
+        .unwrap()
+        .target
+        {
+            Target::Kernel(k, _) => k,
+            Target::Nccl => panic!("no NCCL here"),
+        };
+        let c = Config::default();
+        for world in 2..=MAX_RANKS {
+            let limit = c.low_latency_limit(world);
+            for dtype in DType::ALL {
+                // The largest message whose shard's two halves fit the limit, in whole lines,
+                // and one line more.
+                let lines = limit / 32 * world;
+                let fits = lines * 16 / dtype.size();
+                let over = (lines + 1) * 16 / dtype.size();
+                assert_eq!(
+                    kernel(fits, dtype, world, &c, Algorithm::TwoShot),
+                    Kernel::TwoShotLowLatency
+                );
+                assert_eq!(
+                    kernel(over, dtype, world, &c, Algorithm::TwoShot),
+                    Kernel::TwoShot
+                );
+                // An odd length: the last line is partial.
+                assert_eq!(
+                    kernel(fits - 1, dtype, world, &c, Algorithm::TwoShot),
+                    Kernel::TwoShotLowLatency
+                );
+                // Configured rather than asked for: the same kernels.
+                let configured = Config {
+                    algorithm: Algorithm::TwoShot,
+                    ..c.clone()
+                };
+                assert_eq!(
+                    kernel(fits, dtype, world, &configured, Algorithm::Auto),
+                    Kernel::TwoShotLowLatency
+                );
+            }
+        }
+        // A lone rank's two-shot is a copy: always the barrier kernel's one pass.
+        assert_eq!(
+            kernel(1000, DType::F32, 1, &c, Algorithm::TwoShot),
+            Kernel::TwoShot
+        );
+        // A smaller low-latency limit moves the switch with it.
+        let small = Config {
+            low_latency_max_bytes: Some(4 << 10),
+            ..c.clone()
+        };
+        // (16 KiB of f32 at W = 8: shards of 128 lines, 4 KiB for both halves.)
+        assert_eq!(
+            kernel(4 << 10, DType::F32, 8, &small, Algorithm::TwoShot),
+            Kernel::TwoShotLowLatency
+        );
+        assert_eq!(
+            kernel((4 << 10) + 4, DType::F32, 8, &small, Algorithm::TwoShot),
+            Kernel::TwoShot
+        );
+        // The path names the kernel.
+        let d = crate::plan::explain::explain(
+            &route(
+                CallKind::Buffers,
+                1000,
+                DType::F32,
+                &c,
+                Algorithm::TwoShot,
+                facts(8),
+            )
+            .unwrap(),
+            Algorithm::TwoShot,
+            &c,
+            facts(8),
+        );
+        assert_eq!(d.kernel, Some("two_shot_ll"));
+        assert!(
+            d.reason.contains("over the low-latency lines, no barrier"),
+            "{}",
+            d.reason
+        );
     }
 
     fn routes_without_allocating(config: &Config) {

@@ -177,7 +177,7 @@ impl Windowed {
 /// The kernel column of a row of `algo` (`plan`: the buffer call's plan): `in_place` for the
 /// zero-copy calls (`in_place_mm` on multimem), `in_place_` and the kernel's name for a pool
 /// call that takes the low-latency kernel or the copy-in one-shot (in place all the same),
-/// else the plan's algorithm.
+/// `two_shot_ll` for the two-shot over the low-latency lines, else the plan's algorithm.
 pub(crate) fn kernel_label(
     comm: &Communicator,
     algo: AlgoChoice,
@@ -192,7 +192,10 @@ pub(crate) fn kernel_label(
             Ok(a @ (Algorithm::LowLatency | Algorithm::OneShot)) => format!("in_place_{}", a.name()),
             _ => "in_place".into(),
         },
-        _ => plan.name().into(),
+        _ => match comm.path(len, dtype, plan).ok().and_then(|p| p.kernel) {
+            Some(k @ "two_shot_ll") => k.into(),
+            _ => plan.name().into(),
+        },
     }
 }
 
