@@ -1,6 +1,19 @@
-// Low-latency two-shot (experiment): the reduce-scatter and the all-gather of the two-shot, with
-// the data carrying the synchronisation (the low-latency region's sentinel protocol) instead of
-// two barriers.
+// The low-latency two-shot: the reduce-scatter and the all-gather of the two-shot with the data
+// carrying the synchronisation (the low-latency region's sentinel protocol, low_latency.cuh)
+// instead of two barriers. Taken where both halves of a shard fit the low-latency limit
+// (plan::route::two_shot_variant); the barrier two-shot (two_shot.cuh) above it.
+//
+// Why the region's invariants hold: every line a rank reads it re-arms inside the call, and a
+// writer writes only lines its reader reads in the same call (every rank makes the same call).
+// A rank is at most one call ahead of any peer: it finishes call k only with every owner's sums
+// of call k, which each owner sent after every rank's reduce-scatter lines of call k had
+// arrived; so `one_shot_ll`'s three-buffer argument holds unchanged. In place (`out == in`) is
+// safe: a rank stores line l of another shard only once l's owner has summed it, which needed
+// this rank's push of line l, read from the input before.
+//
+// Numerics: the owner sums a line in rank order in fp32 and rounds once (`ll_reduce_line`, the
+// arithmetic of every other algorithm); the other ranks store those bits as they arrive, so
+// every rank and every algorithm gives the same bits.
 #pragma once
 
 #include "low_latency.cuh"
@@ -61,6 +74,9 @@ __device__ __forceinline__ void two_shot_ll_body(const T* in, T* out, uint64_t n
         store_out(mine + j, sum);
         waited = true;
     }
+    // This thread's first wait on the peers has passed: the next kernel may start launching
+    // (a thread without a line of this rank's shard triggers after its first gather wait, one
+    // with no line at all waits for nothing and does not trigger).
     if (waited) pdl_trigger(a);
     // 3. Gather every other shard: poll U lines at a time, each from its owner's slot.
     const uint64_t others = lines - own_lines;

@@ -36,7 +36,10 @@ pub enum Algorithm {
     Auto,
     /// Every rank reads every peer's whole input: one barrier, `(W-1)·S` bytes read per rank.
     OneShot,
-    /// Reduce-scatter then all-gather: two barriers, `2·(W-1)/W·S` bytes per rank.
+    /// Reduce-scatter then all-gather, `2·(W-1)/W·S` bytes per rank: over the low-latency
+    /// lines, without a barrier, where both halves of a shard fit the low-latency limit
+    /// ([`Config::low_latency_limit`]; `2·⌈⌈S/16⌉/W⌉·16` bytes), with two barriers above it
+    /// (and for a lone rank). [`crate::Communicator::path`] names the kernel.
     TwoShot,
     /// One-shot without any barrier: every rank pushes its input into its slot of every
     /// peer's low-latency buffer, one 32-bit word per thread, and polls its own slots until
