@@ -89,9 +89,9 @@ __device__ __forceinline__ void two_shot_ll_body(const T* in, T* out, uint64_t n
         }
         // The owner sends a line only once its own waits on every rank have passed: a rank
         // that never came is reported by those direct waits (this rank's sum above, or a
-        // peer's), within one timeout; this wait names the owner only after two.
+        // peer's) after one timeout; this wait names the owner only after one and a half.
         Deadline d;
-        d.timeouts = 2;
+        d.behind_direct_waits = true;
         uint32_t owner = a.rank;
         while (true) {
 #pragma unroll

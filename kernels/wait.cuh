@@ -51,10 +51,11 @@ __device__ __forceinline__ bool poisoned(const SymmArgs& a) {
 struct Deadline {
     uint64_t at = 0;
     uint32_t polls = 0;
-    // Timeouts this wait may last: 1, or 2 for a wait on data that a peer sends only after
-    // its own waits on every rank have passed (the low-latency two-shot's gather), so that
-    // a direct wait on the rank that is really missing reports it first.
-    uint32_t timeouts = 1;
+    // A wait on data that a peer sends only after its own waits on every rank have passed
+    // (the low-latency two-shot's gather) lasts one and a half timeouts, so that a direct
+    // wait on the rank that is really missing reports it first, and the call still fails
+    // within two timeouts where there is none (a rank without lines of its own).
+    bool behind_direct_waits = false;
     // False once the wait must stop: this rank's timeout expired (reported and pushed to
     // every peer) or another rank's poison arrived.
     __device__ __forceinline__ bool keep_waiting(const SymmArgs& a, uint32_t phase, uint32_t peer) {
@@ -62,7 +63,7 @@ struct Deadline {
         if (poisoned(a)) return false;
         const uint64_t now = global_timer_ns();
         if (at == 0) {
-            at = now + a.timeout_ns * timeouts;
+            at = now + a.timeout_ns + (behind_direct_waits ? a.timeout_ns / 2 : 0);
         } else if (now > at) {
             report_timeout(a, phase, peer);
             return false;
