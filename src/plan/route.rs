@@ -209,6 +209,7 @@ pub(crate) fn route(
             return to_nccl(Rule::AboveCapacity);
         }
     }
+    let ll_limit = config.low_latency_limit(facts.world);
     if bytes > config.capacity_bytes {
         return Err(Error::ExceedsCapacity {
             bytes,
@@ -258,7 +259,7 @@ pub(crate) fn route(
             })?;
             match multimem_variant(kernel, config, facts) {
                 Some(multimem) if sized => (multimem, Rule::MultimemSize),
-                _ => (two_shot_variant(kernel, bytes, facts.world, config), rule),
+                _ => (two_shot_variant(kernel, bytes, facts.world, ll_limit), rule),
             }
         }
     };
@@ -269,7 +270,6 @@ pub(crate) fn route(
             });
         }
     }
-    let ll_limit = config.low_latency_limit(facts.world);
     if matches!(kernel, Kernel::LowLatency | Kernel::LowLatencyMultimem) && bytes > ll_limit {
         return Err(Error::ExceedsCapacity {
             bytes,
@@ -306,13 +306,13 @@ fn copies_in_first(bytes: usize, dtype: DType, config: &Config, requested: Algor
 }
 
 /// The two-shot's kernel for a call of `bytes`: the one over the low-latency lines (no
-/// barrier) where both halves of a shard, `2·⌈⌈bytes/16⌉/W⌉` lines, fit the low-latency limit
-/// (so its window is no larger than a low-latency call's, and the slots' rotation keeps
-/// differing calls apart the same way), the barrier two-shot above it and for a lone rank.
-/// Every other kernel is returned as it is.
-pub(crate) fn two_shot_variant(kernel: Kernel, bytes: usize, world: usize, config: &Config) -> Kernel {
+/// barrier) where both halves of a shard, `2·⌈⌈bytes/16⌉/W⌉` lines of 16 bytes, fit the
+/// low-latency limit `ll_limit` (so its window is no larger than a low-latency call's, and the
+/// slots' rotation keeps differing calls apart the same way), the barrier two-shot above it and
+/// for a lone rank. Every other kernel is returned as it is.
+fn two_shot_variant(kernel: Kernel, bytes: usize, world: usize, ll_limit: usize) -> Kernel {
     let shard_lines = bytes.div_ceil(16).div_ceil(world.max(1));
-    if kernel == Kernel::TwoShot && world > 1 && 2 * 16 * shard_lines <= config.low_latency_limit(world) {
+    if kernel == Kernel::TwoShot && world > 1 && 2 * 16 * shard_lines <= ll_limit {
         Kernel::TwoShotLowLatency
     } else {
         kernel
