@@ -15,7 +15,7 @@
 //! | `dtype` | `bf16`, `f16` or `f32` |
 //! | `mode` | `eager`, `graph_amortised` (10 all-reduces per graph, time per all-reduce), `graph_isolated` (one per graph, each replay timed) |
 //! | `algo` | what was asked: `low_latency`, `one_shot`, `two_shot`, `auto`, `symmetric`, `pool`, `nccl`, `multimem`, `multimem_one_shot`, `multimem_ll`; `sync_floor`; with `--producer-chain` `chain_pdl`, `chain_no_pdl`, `producer_only` (symm-bench/README.md) |
-//! | `kernel` | what ran (`auto` resolves to `low_latency`, `one_shot` or `two_shot`; `symmetric` and `pool` run `in_place`; `nccl`) |
+//! | `kernel` | what ran (`auto` resolves to `low_latency`, `one_shot` or `two_shot`, the two-shot to `two_shot_ll` over the low-latency lines; `symmetric` and `pool` run `in_place`; `nccl`) |
 //! | `placement` | `virtual` (all ranks on one GPU), `per_gpu`, or `processes` (`--launcher processes`) |
 //! | `world` | ranks in this row (NCCL on one GPU runs with world 1) |
 //! | `blocks` | blocks per rank of the library's grid (empty for NCCL) |
