@@ -55,7 +55,9 @@ __device__ __forceinline__ void two_shot_ll_body(const T* in, T* out, uint64_t n
         for (uint32_t u = 0; u < U; ++u) {
             const uint64_t l = l0 + u * loop.step;
             const uint32_t q = static_cast<uint32_t>(l / shard);
-            if (l < lines && q != a.rank) st_line_sys(ll_line(a, q, buffer, a.rank, l - q * shard), as_words(wire_pack(v[u])));
+            if (l < lines && q != a.rank) {
+                st_line_sys(ll_line(a, q, buffer, a.rank, l - q * shard), as_words(wire_pack(v[u])));
+            }
         }
     }
     // 2. Reduce this rank's shard: wait for every peer's line, sum in rank order, push the
