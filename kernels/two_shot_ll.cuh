@@ -1,7 +1,8 @@
 // The low-latency two-shot: the reduce-scatter and the all-gather of the two-shot with the data
 // carrying the synchronisation (the low-latency region's sentinel protocol, low_latency.cuh)
-// instead of two barriers. Taken where both halves of a shard fit the low-latency limit
-// (plan::route::two_shot_variant); the barrier two-shot (two_shot.cuh) above it.
+// instead of two barriers. Taken where both halves of a shard fit the low-latency limit and the
+// world's published threshold (plan::route::two_shot_variant); the barrier two-shot
+// (two_shot.cuh) above it.
 //
 // Why the region's invariants hold: every line a rank reads it re-arms inside the call, and a
 // writer writes only lines its reader reads in the same call (every rank makes the same call).

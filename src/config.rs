@@ -37,9 +37,10 @@ pub enum Algorithm {
     /// Every rank reads every peer's whole input: one barrier, `(W-1)·S` bytes read per rank.
     OneShot,
     /// Reduce-scatter then all-gather, `2·(W-1)/W·S` bytes per rank: over the low-latency
-    /// lines, without a barrier, where both halves of a shard fit the low-latency limit
-    /// ([`Config::low_latency_limit`]; `2·⌈⌈S/16⌉/W⌉·16` bytes), with two barriers above it
-    /// (and for a lone rank). [`crate::Communicator::path`] names the kernel.
+    /// lines, without a barrier, where both halves of a shard (`2·⌈⌈S/16⌉/W⌉·16` bytes) fit
+    /// the low-latency limit ([`Config::low_latency_limit`]) and the published low-latency
+    /// threshold of the world (256 KiB up to four ranks, 32 KiB above: S up to 512 KiB at
+    /// W = 4, 128 KiB at W = 8), with two barriers above it (and for a lone rank). [`crate::Communicator::path`] names the kernel.
     TwoShot,
     /// One-shot without any barrier: every rank pushes its input into its slot of every
     /// peer's low-latency buffer, one 32-bit word per thread, and polls its own slots until
@@ -369,7 +370,7 @@ const fn published_one_shot_max(world: usize) -> usize {
 /// W = 2 up to 128 KiB by 25–33 % and to 256 KiB by 0–3 %; at W = 8 only up to 32 KiB (48 KiB:
 /// 6.89 vs 6.34). One H100 agreed (docs/bench/h100-virtual-ll-v15: W = 4 bf16 128 KiB 5.32 µs
 /// against the one-shot's 5.77).
-const fn published_low_latency_max(world: usize) -> usize {
+pub(crate) const fn published_low_latency_max(world: usize) -> usize {
     if world <= 4 {
         256 << 10
     } else {

@@ -3,7 +3,7 @@
 
 use super::grid::{choose, grid};
 use super::{algorithm_of, kernel_for, Limits, Plan};
-use crate::config::{Algorithm, Config};
+use crate::config::{published_low_latency_max, Algorithm, Config};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::registry::Kernel;
@@ -308,11 +308,20 @@ fn copies_in_first(bytes: usize, dtype: DType, config: &Config, requested: Algor
 /// The two-shot's kernel for a call of `bytes`: the one over the low-latency lines (no
 /// barrier) where both halves of a shard, `2·⌈⌈bytes/16⌉/W⌉` lines of 16 bytes, fit the
 /// low-latency limit `ll_limit` (so its window is no larger than a low-latency call's, and the
-/// slots' rotation keeps differing calls apart the same way), the barrier two-shot above it and
-/// for a lone rank. Every other kernel is returned as it is.
+/// slots' rotation keeps differing calls apart the same way) and the published low-latency
+/// threshold of the world, the barrier two-shot above it and for a lone rank. Every other
+/// kernel is returned as it is.
+///
+/// The published bound keeps the kernel where it was measured (W = 2 and 4 up to 256 and 512
+/// KiB, W = 8 to 128 KiB). A larger `ll_limit` (`low_latency_max_bytes`, or a tuning table's
+/// largest low-latency threshold, which sizes the slots of every world) carried it to shards
+/// a thread per line serves badly: one H100, eight virtual ranks, bf16, chain of 10, with the
+/// limit at 256 KiB, 384 KiB took 10.4 µs against the barrier kernel's 12.3, 512 KiB 12.9
+/// against 12.6, and 1 MiB 22.2 against 15.3 (docs/bench/h100-tune-v17).
 fn two_shot_variant(kernel: Kernel, bytes: usize, world: usize, ll_limit: usize) -> Kernel {
     let shard_lines = bytes.div_ceil(16).div_ceil(world.max(1));
-    if kernel == Kernel::TwoShot && world > 1 && 2 * 16 * shard_lines <= ll_limit {
+    let fits = 2 * 16 * shard_lines <= ll_limit.min(published_low_latency_max(world));
+    if kernel == Kernel::TwoShot && world > 1 && fits {
         Kernel::TwoShotLowLatency
     } else {
         kernel
@@ -480,6 +489,28 @@ mod tests {
         );
         assert_eq!(
             kernel((4 << 10) + 4, DType::F32, 8, &small, Algorithm::TwoShot),
+            Kernel::TwoShot
+        );
+        // A larger one (or a tuning table's, which sizes the slots of every world) does not
+        // carry it past the published threshold of the world: 128 KiB at W = 8, where the
+        // default limit put it, then the barrier kernel (bf16).
+        let large = Config {
+            low_latency_max_bytes: Some(256 << 10),
+            ..c.clone()
+        };
+        for (world, fits) in [(8, 128usize << 10), (4, 512 << 10), (2, 256 << 10)] {
+            assert_eq!(
+                kernel(fits / 2, DType::BF16, world, &large, Algorithm::TwoShot),
+                Kernel::TwoShotLowLatency
+            );
+            assert_eq!(
+                kernel(fits / 2 + 8, DType::BF16, world, &large, Algorithm::TwoShot),
+                Kernel::TwoShot,
+                "W = {world}"
+            );
+        }
+        assert_eq!(
+            kernel(1 << 19, DType::BF16, 8, &large, Algorithm::TwoShot),
             Kernel::TwoShot
         );
         // The path names the kernel.
