@@ -76,6 +76,33 @@ pub fn fused_tokens() -> Vec<usize> {
     v
 }
 
+/// The plan of one world's tuning sweep over the sizes `here` (the largest is the capacity):
+/// graph timing, every row verified, the low-latency kernel's slots sized for
+/// [`LL_TUNE_MAX`], and the rest of the run's options (`--shared-sm-percent`, `--no-pdl`,
+/// `--no-early-trigger`, `--iters`) as a sweep takes them. The communicators are made from
+/// its [`RunPlan::config`], as a sweep's are.
+fn tune_plan(args: &Args, here: &[usize], dtypes: &[DType], capacity: usize) -> RunPlan {
+    RunPlan {
+        sizes: here.to_vec(),
+        explicit_sizes: true,
+        dtypes: dtypes.to_vec(),
+        algos: vec![],
+        modes: vec![Mode::GraphAmortised],
+        iters: args.iters.map(|n| n as usize),
+        warmup: args.warmup.map(|n| n as usize),
+        quick: args.quick,
+        low_latency_max: Some(LL_TUNE_MAX.min(capacity)),
+        pdl: !args.no_pdl,
+        early_trigger: !args.no_early_trigger,
+        shared_sm_percent: args.shared_sm_percent,
+        check_divergence: false,
+        collectives: vec![crate::args::CollectiveChoice::AllReduce],
+        producer_chain: false,
+        // A table is only as good as the rows behind it: always verified.
+        check: true,
+    }
+}
+
 /// The worlds `--tune` measures: 2, 4, 8, ... up to `max`, and `max` itself (1 alone for 1).
 pub fn tune_worlds(max: usize) -> Vec<usize> {
     let mut v: Vec<usize> = std::iter::successors(Some(2usize), |w| Some(w * 2))
@@ -629,11 +656,9 @@ pub fn run(args: &Args, out: &Path) -> Result<ExitCode, Stop> {
             ));
         }
         let with_nccl = placement == Placement::PerGpu;
-        let config = Config {
-            capacity_bytes: capacity,
-            low_latency_max_bytes: Some(LL_TUNE_MAX.min(capacity)),
-            ..Config::default()
-        };
+        let plan = tune_plan(args, &here, &dtypes, capacity);
+        // The run's own configuration (`--shared-sm-percent`, `--no-pdl`, ...), as a sweep's.
+        let config = plan.config(capacity);
         let mut bench = match Bench::new(ctxs, placement, config, (with_nccl, with_nccl), false) {
             Ok(b) => b,
             Err(e) => {
@@ -651,25 +676,6 @@ pub fn run(args: &Args, out: &Path) -> Result<ExitCode, Stop> {
             meta.notes
                 .push(format!("W={world}: {}", bench.nccl_symm_status()));
         }
-        let plan = RunPlan {
-            sizes: here.clone(),
-            explicit_sizes: true,
-            dtypes: dtypes.clone(),
-            algos: vec![],
-            modes: vec![Mode::GraphAmortised],
-            iters: args.iters.map(|n| n as usize),
-            warmup: args.warmup.map(|n| n as usize),
-            quick: args.quick,
-            low_latency_max: Some(LL_TUNE_MAX.min(capacity)),
-            pdl: !args.no_pdl,
-            early_trigger: !args.no_early_trigger,
-            shared_sm_percent: args.shared_sm_percent,
-            check_divergence: false,
-            collectives: vec![crate::args::CollectiveChoice::AllReduce],
-            producer_chain: false,
-            // A table is only as good as the rows behind it: always verified.
-            check: true,
-        };
         eprintln!(
             "symm-bench --tune: W={world} ({}), {} sizes {}..{}",
             match placement {
@@ -787,6 +793,35 @@ pub fn run(args: &Args, out: &Path) -> Result<ExitCode, Stop> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The communicators a tuning sweep measures are configured as a sweep's: the run's SM
+    /// share (virtual ranks default to every SM), PDL and trigger switches, and the slots of
+    /// the low-latency sizes it times.
+    #[test]
+    fn the_tuning_sweep_runs_with_the_runs_own_configuration() {
+        use clap::Parser;
+        let args = |argv: &[&str]| Args::try_parse_from(argv).unwrap().resolve().unwrap();
+        let sizes = [KIB, 32 * MIB];
+        let virtual_default = args(&["symm-bench", "--tune", "--virtual", "--world", "8"]);
+        let c = tune_plan(&virtual_default, &sizes, &DType::ALL, 32 * MIB).config(32 * MIB);
+        assert_eq!(c.shared_sm_percent, 100);
+        assert_eq!((c.pdl, c.early_trigger), (true, true));
+        assert_eq!(c.low_latency_max_bytes, Some(LL_TUNE_MAX));
+        assert_eq!(c.capacity_bytes, 32 * MIB);
+        let shared = args(&[
+            "symm-bench",
+            "--tune",
+            "--virtual",
+            "--shared-sm-percent",
+            "25",
+            "--no-pdl",
+            "--no-early-trigger",
+        ]);
+        let c = tune_plan(&shared, &sizes, &DType::ALL, 128 * KIB).config(128 * KIB);
+        assert_eq!(c.shared_sm_percent, 25);
+        assert_eq!((c.pdl, c.early_trigger), (false, false));
+        assert_eq!(c.low_latency_max_bytes, Some(128 * KIB));
+    }
 
     fn row(algo: &str, world: usize, size: usize, us: f64) -> Row {
         Row {
