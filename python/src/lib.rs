@@ -180,6 +180,40 @@ fn check_ptr_call(
     Ok(())
 }
 
+/// One eager round of `all_reduce_ptr` calls timed from Rust, for `python -m
+/// symm_allreduce.bench`'s `rust_host_us`: rank i's communicator sums `inputs[i]` into
+/// `outputs[i]` (`len` elements each) on `streams[i]`, and the seconds spent in the loop come
+/// back, measured as symm-bench measures its rounds (one clock read before the first call and
+/// one after the last). The calls are `all_reduce_ptr`'s own ([`PyCommunicator::reduce_ptr`]);
+/// only Python's call of each one is left out, so the bench can set the Python layer against
+/// the crate's call in the same process.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn time_ptr_round(
+    comms: Vec<PyRef<'_, PyCommunicator>>,
+    inputs: Vec<u64>,
+    outputs: Vec<u64>,
+    len: usize,
+    dtype: u8,
+    streams: Vec<usize>,
+    algorithm: u8,
+) -> PyResult<f64> {
+    if inputs.len() != comms.len() || outputs.len() != comms.len() || streams.len() != comms.len() {
+        return Err(invalid_call(format!(
+            "time_ptr_round: {} communicators, {} inputs, {} outputs and {} streams (one of each per rank)",
+            comms.len(),
+            inputs.len(),
+            outputs.len(),
+            streams.len()
+        )));
+    }
+    let t = std::time::Instant::now();
+    for (((c, &i), &o), &s) in comms.iter().zip(&inputs).zip(&outputs).zip(&streams) {
+        c.reduce_ptr((i, len), (o, len), dtype, s, algorithm)?;
+    }
+    Ok(t.elapsed().as_secs_f64())
+}
+
 fn parse_multicast(name: &str) -> PyResult<Multicast> {
     match name {
         "off" => Ok(Multicast::Off),
@@ -442,6 +476,31 @@ impl PyCommunicator {
         Ok(Raw::new(arg.0, arg.1, stream))
     }
 
+    /// `all_reduce_ptr`'s work, past PyO3's argument conversion: the one path of that call
+    /// and of [`time_ptr_round`]'s rounds.
+    fn reduce_ptr(
+        &self,
+        (input, input_len): (u64, usize),
+        (output, output_len): (u64, usize),
+        dtype: u8,
+        stream: usize,
+        algorithm: u8,
+    ) -> PyResult<()> {
+        let (kind, algorithm) = decode_ptr_call((input, input_len), (output, output_len), dtype, algorithm)?;
+        let comm = self.comm()?;
+        let s = self.stream(stream)?;
+        with_type!(sum kind, T => {
+            if input == output && input_len == output_len {
+                let mut buf = Raw::<T>::new(output, output_len, &s);
+                comm.all_reduce_in_place(&mut buf, &s, algorithm).map_err(raise)
+            } else {
+                let inp = Raw::<T>::new(input, input_len, &s);
+                let mut out = Raw::<T>::new(output, output_len, &s);
+                comm.all_reduce_with(&inp, &mut out, &s, algorithm).map_err(raise)
+            }
+        })
+    }
+
     /// Takes the communicator out (later calls raise "closed") and waits, without the GIL,
     /// until calls in flight on other threads are done with it; then hands it to `finish`.
     /// A call that is still running after twice the timeout (it cannot be: every wait is
@@ -624,19 +683,7 @@ impl PyCommunicator {
         stream: usize,
         algorithm: u8,
     ) -> PyResult<()> {
-        let (kind, algorithm) = decode_ptr_call((input, input_len), (output, output_len), dtype, algorithm)?;
-        let comm = self.comm()?;
-        let s = self.stream(stream)?;
-        with_type!(sum kind, T => {
-            if input == output && input_len == output_len {
-                let mut buf = Raw::<T>::new(output, output_len, &s);
-                comm.all_reduce_in_place(&mut buf, &s, algorithm).map_err(raise)
-            } else {
-                let inp = Raw::<T>::new(input, input_len, &s);
-                let mut out = Raw::<T>::new(output, output_len, &s);
-                comm.all_reduce_with(&inp, &mut out, &s, algorithm).map_err(raise)
-            }
-        })
+        self.reduce_ptr((input, input_len), (output, output_len), dtype, stream, algorithm)
     }
 
     /// Zero-copy in-place sum of a buffer of this communicator's symmetric pool (a tensor
@@ -890,5 +937,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(algorithm_code, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_code, m)?)?;
     m.add_function(wrap_pyfunction!(check_ptr_call, m)?)?;
+    m.add_function(wrap_pyfunction!(time_ptr_round, m)?)?;
     Ok(())
 }

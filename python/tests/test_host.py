@@ -335,6 +335,14 @@ def test_hot_path_arguments_accepted():
     _native.check_ptr_call(0, 0, 0, 0, 0, 0)  # empty: the crate refuses it with its own error
 
 
+def test_the_benchs_rust_round_refuses_lists_of_other_lengths():
+    # One communicator, input, output and stream per rank: a missing one is refused before
+    # any call (no communicator is needed to see it).
+    with pytest.raises(sar.InvalidCallError, match="0 communicators, 1 inputs, 0 outputs and 0 streams"):
+        _native.time_ptr_round([], [1 << 40], [], 8, 2, [], 0)
+    assert _native.time_ptr_round([], [], [], 8, 2, [], 0) >= 0.0  # no rank: an empty round
+
+
 class _FakeDtype:
     def __init__(self, name):
         self.name = name

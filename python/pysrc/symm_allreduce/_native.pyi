@@ -82,3 +82,12 @@ def dtype_code(name: str) -> int: ...
 def check_ptr_call(
     input: int, input_len: int, output: int, output_len: int, dtype: int, algorithm: int
 ) -> None: ...
+def time_ptr_round(
+    comms: list[Communicator],
+    inputs: list[int],
+    outputs: list[int],
+    len: int,
+    dtype: int,
+    streams: list[int],
+    algorithm: int,
+) -> float: ...

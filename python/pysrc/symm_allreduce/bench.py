@@ -24,7 +24,10 @@ Host overhead per eager call, in the same run, each measured inside the gated ea
 the current stream, the native call); ``native_host_us`` is that native call alone
 (``all_reduce_ptr``) with its integers and the stream handle made beforehand (argument
 conversion, the stream's check when its handle is new, the crate's ``all_reduce``: what
-symm-bench's ``host_us`` is from Rust, plus the conversion); ``checked_host_us`` is the checked
+symm-bench's ``host_us`` is from Rust, plus the conversion); ``rust_host_us`` is that call made
+from Rust in this process (a whole round of them timed by ``_native.time_ptr_round`` as
+symm-bench times its rounds: the crate's call without Python's, in the same process and
+environment as the two before it); ``checked_host_us`` is the checked
 native call of tensors that are not plain torch tensors (``all_reduce`` of two descriptors made
 beforehand: their conversion, and the driver asked where each tensor's memory is).
 
@@ -36,6 +39,7 @@ conversion, the hot path's argument checks), in microseconds per call.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -62,6 +66,7 @@ COLUMNS = (
     "busbw_gbs",
     "py_host_us",
     "native_host_us",
+    "rust_host_us",
     "checked_host_us",
 )
 
@@ -205,18 +210,23 @@ def _measure(
     comms: list[Any],
     streams: list[Any],
     mode: str,
-    calls: Sequence[Callable[..., Any]],
+    calls: Sequence[Callable[..., Any]] | None,
+    round_: Round | None = None,
 ) -> tuple[list[float], float]:
-    """Per-all-reduce GPU µs per sample in ``mode``, and host µs per call."""
+    """Per-all-reduce GPU µs per sample in ``mode``, and host µs per call: of ``calls`` (a
+    call per rank), or in eager mode of ``round_`` (a whole round, timing itself) instead."""
     per_sample = ROUNDS_PER_SAMPLE[mode]
     samples = -(-ROUNDS[mode] // per_sample)
     if mode == "eager":
-        round_ = _eager_round(torch, streams, calls)
+        if round_ is None:
+            assert calls is not None
+            round_ = _eager_round(torch, streams, calls)
         timer.time(-(-WARMUP[mode] // per_sample), per_sample, round_)
         times, host = timer.time(samples, per_sample, round_)
         ops = 1
     else:
         ops = GRAPH_CHAIN if mode == "graph_amortised" else 1
+        assert calls is not None, "graph modes capture a call per rank"
         graphs = []
         for s, call in zip(streams, calls):
             g = torch.cuda.CUDAGraph()
@@ -283,8 +293,20 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 checked_calls.append(
                     lambda n=c._native, i=d_in, o=d_out, h=handle: n.all_reduce(i, o, h, args.algo)
                 )
+            # The same calls as native_calls, timed from Rust: one call enqueues the round.
+            rust_round = functools.partial(
+                _native.time_ptr_round,
+                [c._live() for c in comms],
+                [x.data_ptr() for x, _ in bufs],
+                [y.data_ptr() for _, y in bufs],
+                n,
+                kind,
+                [int(s.cuda_stream) for s in streams],
+                algo,
+            )
             _, py_host = _measure(torch, timer, comms, streams, "eager", py_calls)
             _, native_host = _measure(torch, timer, comms, streams, "eager", native_calls)
+            _, rust_host = _measure(torch, timer, comms, streams, "eager", None, rust_round)
             _, checked_host = _measure(torch, timer, comms, streams, "eager", checked_calls)
             for mode in args.modes:
                 times, _ = _measure(torch, timer, comms, streams, mode, py_calls)
@@ -306,6 +328,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                         "busbw_gbs": algbw * 2 * (args.world - 1) / args.world,
                         "py_host_us": py_host,
                         "native_host_us": native_host,
+                        "rust_host_us": rust_host,
                         "checked_host_us": checked_host,
                     }
                 )
