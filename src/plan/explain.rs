@@ -1,7 +1,7 @@
 //! The sentence that says why a call goes where it goes: [`PathDecision`], built from a
 //! [`Route`] only when asked for ([`crate::Communicator::path`], `describe`).
 
-use super::route::{PathFacts, Route, Rule, Target};
+use super::route::{two_shot_ll_bound, PathFacts, Route, Rule, Target};
 use super::Plan;
 use crate::config::{Algorithm, Config};
 use crate::kernels::registry::Kernel;
@@ -106,8 +106,9 @@ pub(crate) fn explain(
     };
     if let Target::Kernel(Kernel::TwoShotLowLatency, _) = route.target {
         reason += &format!(
-            "; over the low-latency lines, no barrier (a shard's two halves fit the low-latency limit, {})",
-            config.low_latency_limit(facts.world)
+            "; over the low-latency lines, no barrier (a shard's two halves fit {} bytes: the low-latency \
+             limit and the world's published low-latency threshold, whichever is smaller)",
+            two_shot_ll_bound(config.low_latency_limit(facts.world), facts.world)
         );
     }
     if route.threshold_ignored {

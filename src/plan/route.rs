@@ -306,11 +306,23 @@ fn copies_in_first(bytes: usize, dtype: DType, config: &Config, requested: Algor
 }
 
 /// The two-shot's kernel for a call of `bytes`: the one over the low-latency lines (no
-/// barrier) where both halves of a shard, `2·⌈⌈bytes/16⌉/W⌉` lines of 16 bytes, fit the
-/// low-latency limit `ll_limit` (so its window is no larger than a low-latency call's, and the
-/// slots' rotation keeps differing calls apart the same way) and the published low-latency
-/// threshold of the world, the barrier two-shot above it and for a lone rank. Every other
-/// kernel is returned as it is.
+/// barrier) where both halves of a shard, `2·⌈⌈bytes/16⌉/W⌉` lines of 16 bytes, fit
+/// [`two_shot_ll_bound`] of the low-latency limit `ll_limit`, the barrier two-shot above it
+/// and for a lone rank. Every other kernel is returned as it is.
+fn two_shot_variant(kernel: Kernel, bytes: usize, world: usize, ll_limit: usize) -> Kernel {
+    let shard_lines = bytes.div_ceil(16).div_ceil(world.max(1));
+    let fits = 2 * 16 * shard_lines <= two_shot_ll_bound(ll_limit, world);
+    if kernel == Kernel::TwoShot && world > 1 && fits {
+        Kernel::TwoShotLowLatency
+    } else {
+        kernel
+    }
+}
+
+/// The most bytes both halves of a shard of the two-shot over the low-latency lines may take
+/// at `world` ranks: the low-latency limit `ll_limit` (so its window is no larger than a
+/// low-latency call's, and the slots' rotation keeps differing calls apart the same way) and
+/// the published low-latency threshold of the world, whichever is smaller.
 ///
 /// The published bound keeps the kernel where it was measured (W = 2 and 4 up to 256 and 512
 /// KiB, W = 8 to 128 KiB). A larger `ll_limit` (`low_latency_max_bytes`, or a tuning table's
@@ -318,14 +330,8 @@ fn copies_in_first(bytes: usize, dtype: DType, config: &Config, requested: Algor
 /// a thread per line serves badly: one H100, eight virtual ranks, bf16, chain of 10, with the
 /// limit at 256 KiB, 384 KiB took 10.4 µs against the barrier kernel's 12.3, 512 KiB 12.9
 /// against 12.6, and 1 MiB 22.2 against 15.3 (docs/bench/h100-tune-v17).
-fn two_shot_variant(kernel: Kernel, bytes: usize, world: usize, ll_limit: usize) -> Kernel {
-    let shard_lines = bytes.div_ceil(16).div_ceil(world.max(1));
-    let fits = 2 * 16 * shard_lines <= ll_limit.min(published_low_latency_max(world));
-    if kernel == Kernel::TwoShot && world > 1 && fits {
-        Kernel::TwoShotLowLatency
-    } else {
-        kernel
-    }
+pub(crate) fn two_shot_ll_bound(ll_limit: usize, world: usize) -> usize {
+    ll_limit.min(published_low_latency_max(world))
 }
 
 /// The multimem kernel `Auto` runs instead of the size rule's peer `kernel`, if any: only with
@@ -534,6 +540,22 @@ mod tests {
             "{}",
             d.reason
         );
+        // It names the bound that decided, the smaller of the limit and the published value.
+        let d = crate::plan::explain::explain(
+            &route(
+                CallKind::Buffers,
+                1000,
+                DType::F32,
+                &large,
+                Algorithm::TwoShot,
+                facts(8),
+            )
+            .unwrap(),
+            Algorithm::TwoShot,
+            &large,
+            facts(8),
+        );
+        assert!(d.reason.contains("fit 32768 bytes"), "{}", d.reason);
     }
 
     fn routes_without_allocating(config: &Config) {
