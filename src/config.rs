@@ -40,7 +40,8 @@ pub enum Algorithm {
     /// lines, without a barrier, where both halves of a shard (`2·⌈⌈S/16⌉/W⌉·16` bytes) fit
     /// the low-latency limit ([`Config::low_latency_limit`]) and the published low-latency
     /// threshold of the world (256 KiB up to four ranks, 32 KiB above: S up to 512 KiB at
-    /// W = 4, 128 KiB at W = 8), with two barriers above it (and for a lone rank). [`crate::Communicator::path`] names the kernel.
+    /// W = 4, 128 KiB at W = 8), with two barriers above it (and for a lone rank).
+    /// [`crate::Communicator::path`] names the kernel.
     TwoShot,
     /// One-shot without any barrier: every rank pushes its input into its slot of every
     /// peer's low-latency buffer, one 32-bit word per thread, and polls its own slots until
