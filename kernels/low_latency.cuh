@@ -187,10 +187,10 @@ __device__ __forceinline__ bool ll_reduce_word(const SymmArgs& a, uint32_t buffe
     return true;
 }
 
-// The low-latency all-reduce with one 32-bit word per thread (every message whose words the grid
-// covers, which is every one the low-latency kernel takes): thread i pushes word i of its input
-// (`own`, loaded by the caller) into its slot of every peer's buffer (the policy's
-// `broadcast_word`: W - 1 unicast stores, or one multicast store), then `ll_reduce_word`: polls
+// The low-latency all-reduce with 32-bit words (every message of at most twice as many words as
+// the grid has threads): thread i pushes word i of its input (`own`, loaded by the caller) into
+// its slot of every peer's buffer (the policy's `broadcast_word`: W - 1 unicast stores, or one
+// multicast store; `ll_all_reduce_word`), then `ll_sum_word` runs `ll_reduce_word`: polls
 // word i of every peer's slot in its own buffer until none reads as the all-ones sentinel, sums
 // them in rank order 0..W-1 in fp32 (its own word from registers) and re-arms them. 32-bit stores
 // are single-copy atomic and the sentinel is a 32-bit word, so a word is either the sentinel or
@@ -200,11 +200,10 @@ __device__ __forceinline__ bool ll_reduce_word(const SymmArgs& a, uint32_t buffe
 // bits are every other algorithm's. Why words and not lines: each thread's critical path (its sum
 // above all) shrinks fourfold, and on the H200 every instruction on it shows (docs/design.md,
 // "Words, not lines"). False when the wait failed.
-template <typename Coll, typename T>
-__device__ __forceinline__ bool ll_all_reduce_word(const Coll& coll, uint32_t own, T* out, uint64_t n,
-                                                   const SymmArgs& a, uint32_t buffer, uint64_t i) {
+template <typename T>
+__device__ __forceinline__ bool ll_sum_word(uint32_t own, T* out, uint64_t n, const SymmArgs& a, uint32_t buffer,
+                                            uint64_t i) {
     constexpr uint32_t PER_WORD = 4 / sizeof(T);
-    coll.broadcast_word(buffer, i, wire_word(own));
     union {
         uint32_t bits;
         T elems[PER_WORD];
@@ -221,6 +220,14 @@ __device__ __forceinline__ bool ll_all_reduce_word(const Coll& coll, uint32_t ow
     return true;
 }
 
+// The low-latency all-reduce of one 32-bit word (`ll_sum_word` after the push).
+template <typename Coll, typename T>
+__device__ __forceinline__ bool ll_all_reduce_word(const Coll& coll, uint32_t own, T* out, uint64_t n,
+                                                   const SymmArgs& a, uint32_t buffer, uint64_t i) {
+    coll.broadcast_word(buffer, i, wire_word(own));
+    return ll_sum_word<T>(own, out, n, a, buffer, i);
+}
+
 // Low-latency one-shot for small messages: no barrier at all. Every rank pushes its input as
 // 16-byte lines into its slot of every peer's buffer `epoch % 3`; each rank polls its slots
 // until no word of a line reads as the all-ones sentinel, sums in rank order (its own
@@ -232,8 +239,8 @@ __device__ __forceinline__ bool ll_all_reduce_word(const Coll& coll, uint32_t ow
 // k % 3 is written next in call k + 3, which no peer can start before r has finished call
 // k + 2 — and r re-armed its lines of buffer k % 3 before its call k ended. Setup fills the
 // whole region with the sentinel. A thread handles one 32-bit word of the lines
-// (`ll_all_reduce_word`, whenever the grid covers the message) or one 16-byte line per step
-// (a message larger than the grid).
+// (`ll_all_reduce_word`, whenever the grid covers the message), two (both pushed, then both
+// summed: up to twice the grid's threads) or one 16-byte line per step (a larger message).
 //
 // The region is shared by every low-latency kernel (this one, `reduce_scatter_ll`,
 // `all_gather_ll`, `fused_low_latency`, `two_shot_ll`): line l of slot (buffer, source) is at the same place
@@ -260,12 +267,20 @@ __device__ __forceinline__ void one_shot_ll(const T* in, T* out, uint64_t n, con
     const bool in_aligned = is_aligned(in, 16), out_aligned = is_aligned(out, 16);
     const uint64_t words = (n * sizeof(T) + 3) / 4;
     const bool by_word = Coll::WORDS && words <= loop.step;
-    // This thread's first word (in `.x`) or line of the input, loaded while `begin_call` reads
-    // the call state; it stays in registers as this rank's own contribution.
+    // Two words per thread where the grid covers the message that way: a line per thread would
+    // leave three threads of four idle and put four words' sums on one critical path.
+    const bool by_two_words = Coll::WORDS && !by_word && words <= 2 * loop.step;
+    const uint64_t second = loop.first + loop.step;
+    // This thread's first word (in `.x`; its second in `.y`) or line of the input, loaded while
+    // `begin_call` reads the call state; it stays in registers as this rank's own contribution.
     uint4 own_first = make_uint4(0, 0, 0, 0);
     const auto prefetch = [&] {
         if (by_word && loop.first < words) {
             own_first.x = load_word(in, n, loop.first, is_aligned(in, 4));
+        } else if (by_two_words) {
+            // Every thread has a first word (words > the grid's threads).
+            own_first.x = load_word(in, n, loop.first, is_aligned(in, 4));
+            if (second < words) own_first.y = load_word(in, n, second, is_aligned(in, 4));
         } else if (!by_word && loop.first < lines) {
             own_first = load_line(in, n, loop.first, in_aligned);
         }
@@ -279,6 +294,15 @@ __device__ __forceinline__ void one_shot_ll(const T* in, T* out, uint64_t n, con
         // One 32-bit word per thread (`ll_all_reduce_word`); a thread past the message has
         // nothing to wait for and so does not let the next kernel launch.
         if (loop.first < words && ll_all_reduce_word(coll, own_first.x, out, n, a, buffer, loop.first)) pdl_trigger(a);
+    } else if (by_two_words) {
+        // Two 32-bit words per thread (one where the second lies past the message): both pushed
+        // before either is waited for, so the second word's round trip overlaps the first's.
+        coll.broadcast_word(buffer, loop.first, wire_word(own_first.x));
+        if (second < words) coll.broadcast_word(buffer, second, wire_word(own_first.y));
+        if (ll_sum_word(own_first.x, out, n, a, buffer, loop.first) &&
+            (second >= words || ll_sum_word(own_first.y, out, n, a, buffer, second))) {
+            pdl_trigger(a);
+        }
     } else {
         // One 16-byte line per thread and step.
         for (uint64_t l = loop.first; l < lines; l += loop.step) {

@@ -124,11 +124,13 @@ fn multimem_stores_move_16_bytes_or_a_word_at_system_scope() {
         return;
     }
     // The in-place all-gather and the low-latency push store through the multicast address;
-    // the one-shot only reads through it. (16-byte stores, 32-bit word stores.)
+    // the one-shot only reads through it. (16-byte stores, 32-bit word stores: the
+    // low-latency push has one per line, one in the word-per-thread path and two in the
+    // two-words-per-thread path.)
     for (kernel, stores) in [
         ("in_place_mm", (1, 0)),
         ("one_shot_mm", (0, 0)),
-        ("one_shot_ll_mm", (1, 1)),
+        ("one_shot_ll_mm", (1, 3)),
     ] {
         for dtype in DTYPES {
             let body = entry(&format!("symm_{kernel}_{dtype}"));
@@ -161,11 +163,11 @@ fn the_multimem_low_latency_kernel_pushes_with_multicast_and_sums_in_rank_order(
         assert!(lines_with(mm, "multimem.ld_reduce").is_empty(), "{dtype}");
         assert!(lines_with(mm, "multimem.red").is_empty(), "{dtype}");
         // One multicast store per word (the word-per-thread path, every message the grid
-        // covers) and one per line (longer messages), where the unicast kernel stores W - 1
-        // times.
+        // covers; two in the two-words-per-thread path, up to twice that) and one per line
+        // (longer messages), where the unicast kernel stores W - 1 times.
         assert_eq!(
             lines_with(mm, "multimem.st.relaxed.sys.global.b32").len(),
-            1,
+            3,
             "{dtype}: one multicast store per word"
         );
         assert_eq!(
