@@ -243,11 +243,11 @@ __device__ __forceinline__ bool ll_all_reduce_word(const Coll& coll, uint32_t ow
 // summed: up to twice the grid's threads) or one 16-byte line per step (a larger message).
 //
 // The region is shared by every low-latency kernel (this one, `reduce_scatter_ll`,
-// `all_gather_ll`, `fused_low_latency`, `two_shot_ll`): line l of slot (buffer, source) is at the same place
-// whichever kernel writes it, and every kernel re-arms every line it reads before its call
-// ends, while its writers write only lines its readers read (every rank makes the same call).
-// So after any sequence of calls every line not in flight holds the sentinel, whatever the
-// collectives.
+// `all_gather_ll`, `fused_low_latency`, `two_shot_ll`): line l of slot (buffer, source) is at
+// the same place whichever kernel writes it, and every kernel re-arms every line it reads
+// before its call ends, while its writers write only lines its readers read (every rank makes
+// the same call). So after any sequence of calls every line not in flight holds the sentinel,
+// whatever the collectives.
 //
 // The multicast push (`MultimemColl::broadcast_word`, `broadcast_line`) changes two things,
 // and the argument holds for both:

@@ -210,23 +210,21 @@ def _measure(
     comms: list[Any],
     streams: list[Any],
     mode: str,
-    calls: Sequence[Callable[..., Any]] | None,
+    calls: Sequence[Callable[..., Any]],
     round_: Round | None = None,
 ) -> tuple[list[float], float]:
     """Per-all-reduce GPU µs per sample in ``mode``, and host µs per call: of ``calls`` (a
-    call per rank), or in eager mode of ``round_`` (a whole round, timing itself) instead."""
+    call per rank), or in eager mode of ``round_`` (the same calls as one round that times
+    itself) where it is given."""
     per_sample = ROUNDS_PER_SAMPLE[mode]
     samples = -(-ROUNDS[mode] // per_sample)
     if mode == "eager":
-        if round_ is None:
-            assert calls is not None
-            round_ = _eager_round(torch, streams, calls)
+        round_ = round_ or _eager_round(torch, streams, calls)
         timer.time(-(-WARMUP[mode] // per_sample), per_sample, round_)
         times, host = timer.time(samples, per_sample, round_)
         ops = 1
     else:
         ops = GRAPH_CHAIN if mode == "graph_amortised" else 1
-        assert calls is not None, "graph modes capture a call per rank"
         graphs = []
         for s, call in zip(streams, calls):
             g = torch.cuda.CUDAGraph()
@@ -306,7 +304,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             )
             _, py_host = _measure(torch, timer, comms, streams, "eager", py_calls)
             _, native_host = _measure(torch, timer, comms, streams, "eager", native_calls)
-            _, rust_host = _measure(torch, timer, comms, streams, "eager", None, rust_round)
+            _, rust_host = _measure(torch, timer, comms, streams, "eager", native_calls, rust_round)
             _, checked_host = _measure(torch, timer, comms, streams, "eager", checked_calls)
             for mode in args.modes:
                 times, _ = _measure(torch, timer, comms, streams, mode, py_calls)
