@@ -288,6 +288,10 @@ pub struct Config {
 pub(crate) struct Thresholds {
     /// Low-latency up to this (already capped by the slots).
     pub(crate) low_latency_max: usize,
+    /// The two-shot over the low-latency lines above `low_latency_max` up to this, where a
+    /// shard fits them (the tuning table's band; `None` without one, or when an explicit
+    /// threshold field is set).
+    pub(crate) two_shot_ll_max: Option<usize>,
     /// One-shot up to this.
     pub(crate) one_shot_max: usize,
     /// NCCL above this, with a fallback.
@@ -522,8 +526,10 @@ impl Config {
     /// was resolved into a dense array when it was built.
     pub(crate) fn thresholds(&self, dtype: DType, world: usize) -> Thresholds {
         let entry = self.tuning.as_ref().and_then(|t| t.get(dtype, world));
+        let explicit = self.low_latency_max_bytes.is_some() || self.one_shot_max_bytes.is_some();
         Thresholds {
             low_latency_max: self.low_latency_max(entry.map(|e| e.low_latency_max_bytes), world),
+            two_shot_ll_max: entry.and_then(|e| e.two_shot_ll_max_bytes).filter(|_| !explicit),
             one_shot_max: self
                 .one_shot_max_bytes
                 .or(entry.map(|e| e.one_shot_max_bytes))
@@ -854,6 +860,7 @@ mod tests {
                 dtype: DType::BF16,
                 world: 8,
                 low_latency_max_bytes: 64 << 10,
+                two_shot_ll_max_bytes: None,
                 one_shot_max_bytes: one_shot,
                 two_shot_max_bytes: Some(4 << 20),
             }],

@@ -41,6 +41,7 @@ fn table(world: usize, one_shot: usize) -> TuningTable {
             dtype: DType::BF16,
             world,
             low_latency_max_bytes: 96 << 10,
+            two_shot_ll_max_bytes: None,
             one_shot_max_bytes: one_shot,
             two_shot_max_bytes: None,
         }],

@@ -4,14 +4,16 @@
 //! ```json
 //! {
 //!   "format": "symm-allreduce tuning table",
-//!   "version": 2,
+//!   "version": 3,
 //!   "measured": {
 //!     "device": "NVIDIA H200", "driver": "580.95.05", "date": "2026-12-03T08:10:00Z",
 //!     "crate_version": "0.1.0", "placement": "virtual", "note": "..."
 //!   },
 //!   "crossovers": [
 //!     { "dtype": "bf16", "world": 8,
-//!       "max_bytes": { "low_latency": 32768, "one_shot": 262144, "two_shot": 8388608 } }
+//!       "max_bytes": { "low_latency": 65536, "one_shot": 262144, "two_shot": 8388608 } },
+//!     { "dtype": "bf16", "world": 4,
+//!       "max_bytes": { "low_latency": 262144, "two_shot_ll": 524288, "one_shot": 1572864 } }
 //!   ],
 //!   "fused": [
 //!     { "dtype": "bf16", "world": 8, "hidden": 8192, "max_tokens": { "one_shot": 16 } }
@@ -26,6 +28,15 @@
 //! off, and equal values leave an algorithm no sizes. A (dtype, world) the table does not name
 //! keeps the published starting points.
 //!
+//! `two_shot_ll` (optional; `--tune` writes it from version 3) opens a band between
+//! `low_latency` and `one_shot` where the two-shot over the low-latency lines beats the
+//! one-shot (measured: four ranks on one H100, bf16 and f16, 384–512 KiB,
+//! docs/bench/h100-tune-v17): `Auto` takes that kernel above `low_latency` up to
+//! `two_shot_ll` wherever a shard's halves fit its lines ([`crate::Config::low_latency_limit`]
+//! and the world's published low-latency threshold), and the one-shot above it (and wherever
+//! they do not fit).
+//! It must lie between `low_latency` and `one_shot`.
+//!
 //! `fused` holds the crossovers of the fused all-reduce + residual + RMSNorm call
 //! ([`crate::Communicator::all_reduce_add_rmsnorm`]): above the fused low-latency kernel's
 //! range, `Auto` takes the fused one-shot for calls of up to `max_tokens.one_shot` rows
@@ -38,7 +49,8 @@
 //! only above `Config::nccl_above_bytes`, or the capacity.
 //!
 //! Version 1 (no `fused` section) still loads, as a table without fused entries; a file of
-//! version 2 must have the section (`[]` when nothing was measured).
+//! version 2 or 3 must have the section (`[]` when nothing was measured). Version 3 adds
+//! `two_shot_ll`, which builds that read only version 2 refuse as an unknown algorithm.
 //!
 //! The table is resolved once, when it is built, into dense `[dtype][world]` arrays: a call
 //! looks its thresholds up by index (the fused call scans its few hidden sizes), without
@@ -59,7 +71,7 @@ use crate::kernels::norm_abi::MAX_HIDDEN;
 pub const TUNING_FORMAT: &str = "symm-allreduce tuning table";
 
 /// The format version this build writes (and the newest it reads).
-pub const TUNING_VERSION: u64 = 2;
+pub const TUNING_VERSION: u64 = 3;
 
 /// The oldest format version this build reads (version 1: no `fused` section).
 pub const TUNING_OLDEST_VERSION: u64 = 1;
@@ -72,7 +84,7 @@ pub const TUNING_ENV: &str = "SYMM_ALLREDUCE_TUNING";
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The algorithm names a table's `max_bytes` may hold, in routing order.
-const ALGORITHMS: [&str; 3] = ["low_latency", "one_shot", "two_shot"];
+const ALGORITHMS: [&str; 4] = ["low_latency", "two_shot_ll", "one_shot", "two_shot"];
 
 /// The algorithm names a fused entry's `max_tokens` may hold (two-shot takes the rest).
 const FUSED_ALGORITHMS: [&str; 1] = ["one_shot"];
@@ -104,8 +116,8 @@ impl std::fmt::Display for TuningProblem {
             }
             TuningProblem::UnknownAlgorithm { at, name } => write!(
                 f,
-                "names the unknown algorithm {name:?} at `{at}`: max_bytes takes low_latency, one_shot and \
-                 two_shot (NCCL takes what lies above two_shot's max; Auto is what the table decides); \
+                "names the unknown algorithm {name:?} at `{at}`: max_bytes takes low_latency, two_shot_ll, \
+                 one_shot and two_shot (NCCL takes what lies above two_shot's max; Auto is what the table decides); \
                  remove or rename it"
             ),
             TuningProblem::UnknownDType { at, name } => {
@@ -122,8 +134,8 @@ impl std::fmt::Display for TuningProblem {
             ),
             TuningProblem::NonMonotone { dtype, world, detail } => write!(
                 f,
-                "has thresholds for {dtype} at W={world} that decrease ({detail}): low_latency <= one_shot \
-                 <= two_shot must hold; fix the entry or {REGENERATE}"
+                "has thresholds for {dtype} at W={world} that decrease ({detail}): low_latency <= two_shot_ll \
+                 <= one_shot <= two_shot must hold; fix the entry or {REGENERATE}"
             ),
             TuningProblem::Duplicate { dtype, world } => {
                 write!(f, "has two entries for {dtype} at W={world}; keep one")
@@ -179,6 +191,9 @@ pub struct Crossovers {
     pub world: usize,
     /// Low-latency up to this (0: never).
     pub low_latency_max_bytes: usize,
+    /// The two-shot over the low-latency lines above `low_latency_max_bytes` up to this, where
+    /// a shard fits them (between the low-latency and one-shot thresholds); `None`: no band.
+    pub two_shot_ll_max_bytes: Option<usize>,
     /// One-shot up to this (at least `low_latency_max_bytes`).
     pub one_shot_max_bytes: usize,
     /// Two-shot up to this and NCCL above, where NCCL was measured (at least
@@ -312,16 +327,17 @@ impl FileEntry {
                 None => Err(missing(path)),
             }
         };
-        let two_shot = match max.get("two_shot").copied().flatten() {
-            Some(v) => Some(bytes_value(v, &format!("{at}.max_bytes.two_shot"))?),
-            None => None,
+        let optional = |name: &str| match max.get(name).copied().flatten() {
+            Some(v) => bytes_value(v, &format!("{at}.max_bytes.{name}")).map(Some),
+            None => Ok(None),
         };
         Ok(Crossovers {
             dtype,
             world,
             low_latency_max_bytes: required("low_latency")?,
+            two_shot_ll_max_bytes: optional("two_shot_ll")?,
             one_shot_max_bytes: required("one_shot")?,
-            two_shot_max_bytes: two_shot,
+            two_shot_max_bytes: optional("two_shot")?,
         })
     }
 }
@@ -345,6 +361,14 @@ impl Crossovers {
                 self.low_latency_max_bytes, self.one_shot_max_bytes
             )));
         }
+        if let Some(band) = self.two_shot_ll_max_bytes {
+            if !(self.low_latency_max_bytes..=self.one_shot_max_bytes).contains(&band) {
+                return Err(bad(format!(
+                    "two_shot_ll {band} is not between low_latency {} and one_shot {}",
+                    self.low_latency_max_bytes, self.one_shot_max_bytes
+                )));
+            }
+        }
         if let Some(two) = self.two_shot_max_bytes {
             if self.one_shot_max_bytes > two {
                 return Err(bad(format!(
@@ -360,6 +384,9 @@ impl Crossovers {
         let mut max = BTreeMap::new();
         max.insert("low_latency".to_string(), Some(self.low_latency_max_bytes as u64));
         max.insert("one_shot".to_string(), Some(self.one_shot_max_bytes as u64));
+        if let Some(band) = self.two_shot_ll_max_bytes {
+            max.insert("two_shot_ll".to_string(), Some(band as u64));
+        }
         if let Some(two) = self.two_shot_max_bytes {
             max.insert("two_shot".to_string(), Some(two as u64));
         }
@@ -985,17 +1012,17 @@ mod tests {
 
     #[test]
     fn a_wrong_version_is_refused_before_its_fields_are_read() {
-        for found in [0, 3] {
+        for found in [0, 4] {
             let other = GOOD
                 .replace("\"version\": 2", &format!("\"version\": {found}"))
                 .replace("\"crossovers\"", "\"other\"");
             assert_eq!(
                 problem(&other),
-                TuningProblem::WrongVersion { found, supported: 2 }
+                TuningProblem::WrongVersion { found, supported: 3 }
             );
             let e = TuningTable::from_json(&other).unwrap_err().to_string();
             assert!(e.contains("symm-bench --tune"), "{e}");
-            assert!(e.contains("reads versions 1 to 2"), "{e}");
+            assert!(e.contains("reads versions 1 to 3"), "{e}");
         }
         assert_eq!(
             problem(&GOOD.replace("\"version\": 2,", "")),
@@ -1033,7 +1060,8 @@ mod tests {
         let e = TuningTable::from_json(&GOOD.replace("\"two_shot\"", "\"three_shot\"")).unwrap_err();
         assert!(e.to_string().contains("\"three_shot\""), "{e}");
         assert!(
-            e.to_string().contains("low_latency, one_shot and two_shot"),
+            e.to_string()
+                .contains("low_latency, two_shot_ll, one_shot and two_shot"),
             "{e}"
         );
         assert!(matches!(
@@ -1066,11 +1094,41 @@ mod tests {
         ));
         // Equal thresholds are allowed: the algorithm between gets no sizes.
         TuningTable::from_json(&GOOD.replace("\"two_shot\": 8388608", "\"two_shot\": 4096")).unwrap();
+        // The two-shot band over the low-latency lines lies between low_latency and one_shot.
+        let band = |v: usize| {
+            GOOD.replace(
+                "\"low_latency\": 65536, \"one_shot\": 1048576",
+                &format!("\"low_latency\": 65536, \"two_shot_ll\": {v}, \"one_shot\": 1048576"),
+            )
+        };
+        for v in [65536, 524288, 1048576] {
+            let t = TuningTable::from_json(&band(v)).unwrap();
+            assert_eq!(t.get(DType::BF16, 8).unwrap().two_shot_ll_max_bytes, Some(v));
+            // Written back with it.
+            assert_eq!(TuningTable::from_json(&t.to_json()).unwrap(), t);
+        }
+        assert_eq!(
+            TuningTable::from_json(GOOD)
+                .unwrap()
+                .get(DType::BF16, 8)
+                .unwrap()
+                .two_shot_ll_max_bytes,
+            None
+        );
+        for v in [65535, 1048577] {
+            let p = problem(&band(v));
+            assert!(
+                matches!(&p, TuningProblem::NonMonotone { dtype: DType::BF16, world: 8, detail }
+                    if detail.contains("two_shot_ll")),
+                "{p:?}"
+            );
+        }
         // The in-memory constructor checks the same.
         let bad = Crossovers {
             dtype: DType::F16,
             world: 4,
             low_latency_max_bytes: 10,
+            two_shot_ll_max_bytes: None,
             one_shot_max_bytes: 5,
             two_shot_max_bytes: None,
         };

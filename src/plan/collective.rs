@@ -801,6 +801,7 @@ mod tests {
                 dtype,
                 world: 4,
                 low_latency_max_bytes: if dtype == DType::F16 { 2048 } else { 16 << 10 },
+                two_shot_ll_max_bytes: None,
                 one_shot_max_bytes: 200_000,
                 two_shot_max_bytes: None,
             });

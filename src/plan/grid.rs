@@ -1,5 +1,6 @@
 //! The size rule of `Auto` and the kernel grid of a route.
 
+use super::route::two_shot_ll_fits;
 use super::{algorithm_of, kernel_for, Limits, Plan};
 use crate::config::{Algorithm, Config};
 use crate::dtype::DType;
@@ -23,6 +24,13 @@ pub(crate) fn choose(
             let th = config.thresholds(dtype, world);
             if bytes <= th.low_latency_max {
                 Algorithm::LowLatency
+            } else if world > 1
+                && th.two_shot_ll_max.is_some_and(|band| bytes <= band)
+                && two_shot_ll_fits(bytes, world, config.low_latency_limit(world))
+            {
+                // The tuning table's band: the two-shot, which runs over the low-latency
+                // lines here (plan::route::two_shot_variant).
+                Algorithm::TwoShot
             } else if world > 1 && bytes <= th.one_shot_max {
                 Algorithm::OneShot
             } else {

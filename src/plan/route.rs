@@ -294,7 +294,9 @@ fn copies_in_first(bytes: usize, dtype: DType, config: &Config, requested: Algor
     }
     match choose(bytes, dtype, world, config, Algorithm::Auto) {
         Algorithm::LowLatency => true,
-        Algorithm::OneShot => {
+        // The one-shot, or the tuning table's two-shot band over the low-latency lines (which
+        // lies within the one-shot's range, and copies in as the one-shot does).
+        Algorithm::OneShot | Algorithm::TwoShot if bytes <= config.thresholds(dtype, world).one_shot_max => {
             bytes <= config.capacity_bytes
                 && config
                     .thresholds(dtype, world)
@@ -310,13 +312,18 @@ fn copies_in_first(bytes: usize, dtype: DType, config: &Config, requested: Algor
 /// [`two_shot_ll_bound`] of the low-latency limit `ll_limit`, the barrier two-shot above it
 /// and for a lone rank. Every other kernel is returned as it is.
 fn two_shot_variant(kernel: Kernel, bytes: usize, world: usize, ll_limit: usize) -> Kernel {
-    let shard_lines = bytes.div_ceil(16).div_ceil(world.max(1));
-    let fits = 2 * 16 * shard_lines <= two_shot_ll_bound(ll_limit, world);
-    if kernel == Kernel::TwoShot && world > 1 && fits {
+    if kernel == Kernel::TwoShot && world > 1 && two_shot_ll_fits(bytes, world, ll_limit) {
         Kernel::TwoShotLowLatency
     } else {
         kernel
     }
+}
+
+/// Whether both halves of a shard of a `bytes` call, `2·⌈⌈bytes/16⌉/W⌉` lines of 16 bytes,
+/// fit [`two_shot_ll_bound`] of the low-latency limit `ll_limit`.
+pub(crate) fn two_shot_ll_fits(bytes: usize, world: usize, ll_limit: usize) -> bool {
+    let shard_lines = bytes.div_ceil(16).div_ceil(world.max(1));
+    2 * 16 * shard_lines <= two_shot_ll_bound(ll_limit, world)
 }
 
 /// The most bytes both halves of a shard of the two-shot over the low-latency lines may take
@@ -385,6 +392,7 @@ mod tests {
                     dtype,
                     world,
                     low_latency_max_bytes: 16 << 10,
+                    two_shot_ll_max_bytes: None,
                     one_shot_max_bytes: 200_000,
                     two_shot_max_bytes: Some(2 << 20),
                 });
@@ -556,6 +564,122 @@ mod tests {
             facts(8),
         );
         assert!(d.reason.contains("fit 32768 bytes"), "{}", d.reason);
+    }
+
+    #[test]
+    fn a_tuning_tables_two_shot_band_takes_the_low_latency_lines_ahead_of_the_one_shot() {
+        let facts = PathFacts {
+            world: 4,
+            limits: Limits {
+                one_shot_blocks: 32,
+                two_shot_blocks: 16,
+            },
+            peer_kernels: Ok(()),
+            nccl: Err("no NCCL"),
+            multicast: Err("no multicast"),
+            clusters: true,
+        };
+        let entry = crate::config::Crossovers {
+            dtype: DType::BF16,
+            world: 4,
+            low_latency_max_bytes: 256 << 10,
+            two_shot_ll_max_bytes: Some(512 << 10),
+            one_shot_max_bytes: 3 << 19,
+            two_shot_max_bytes: None,
+        };
+        let table = crate::config::TuningTable::new(crate::config::Measured::default(), vec![entry]).unwrap();
+        let tuned = Config::default().with_tuning(table);
+        let kernel_of = |kind: CallKind, bytes: usize, config: &Config| match route(
+            kind,
+            bytes / 2,
+            DType::BF16,
+            config,
+            Algorithm::Auto,
+            facts,
+        )
+        .unwrap()
+        .target
+        {
+            Target::Kernel(k, _) => k,
+            Target::Nccl => panic!("no NCCL here"),
+        };
+        for (bytes, kernel) in [
+            (256 << 10, Kernel::LowLatency),
+            ((256 << 10) + 16, Kernel::TwoShotLowLatency),
+            (384 << 10, Kernel::TwoShotLowLatency),
+            (512 << 10, Kernel::TwoShotLowLatency),
+            ((512 << 10) + 16, Kernel::OneShot),
+            (3 << 19, Kernel::OneShot),
+            ((3 << 19) + 16, Kernel::TwoShot),
+        ] {
+            assert_eq!(
+                kernel_of(CallKind::Buffers, bytes, &tuned),
+                kernel,
+                "{bytes} bytes"
+            );
+            // A pool input in the band copies in as the one-shot does.
+            if kernel == Kernel::TwoShotLowLatency {
+                assert_eq!(
+                    kernel_of(CallKind::PoolInput, bytes, &tuned),
+                    kernel,
+                    "{bytes} bytes"
+                );
+            }
+        }
+        // The other dtypes, the published rule and an explicit threshold field: no band.
+        let f16 = route(
+            CallKind::Buffers,
+            192 << 10,
+            DType::F16,
+            &tuned,
+            Algorithm::Auto,
+            facts,
+        )
+        .unwrap();
+        assert_eq!(f16.algorithm(), Algorithm::OneShot);
+        assert_eq!(
+            kernel_of(CallKind::Buffers, 384 << 10, &Config::default()),
+            Kernel::OneShot
+        );
+        let explicit = Config {
+            one_shot_max_bytes: Some(1 << 20),
+            ..tuned.clone()
+        };
+        assert_eq!(
+            kernel_of(CallKind::Buffers, 384 << 10, &explicit),
+            Kernel::OneShot
+        );
+        // The band stops where a shard's halves no longer fit the lines (W = 4: 512 KiB), even
+        // where the table's band reaches further.
+        let wide = crate::config::Crossovers {
+            two_shot_ll_max_bytes: Some(1 << 20),
+            ..entry
+        };
+        let table = crate::config::TuningTable::new(crate::config::Measured::default(), vec![wide]).unwrap();
+        let wide = Config::default().with_tuning(table);
+        assert_eq!(
+            kernel_of(CallKind::Buffers, 512 << 10, &wide),
+            Kernel::TwoShotLowLatency
+        );
+        assert_eq!(kernel_of(CallKind::Buffers, 768 << 10, &wide), Kernel::OneShot);
+        // The path says why.
+        let r = route(
+            CallKind::Buffers,
+            192 << 10,
+            DType::BF16,
+            &tuned,
+            Algorithm::Auto,
+            facts,
+        )
+        .unwrap();
+        let d = crate::plan::explain::explain(&r, Algorithm::Auto, &tuned, facts);
+        assert_eq!(d.kernel, Some("two_shot_ll"));
+        assert!(
+            d.reason
+                .contains("the two-shot band over the low-latency lines (524288 from the tuning table)"),
+            "{}",
+            d.reason
+        );
     }
 
     fn routes_without_allocating(config: &Config) {

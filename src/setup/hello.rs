@@ -146,6 +146,7 @@ mod tests {
             dtype: DType::F32,
             world: 3,
             low_latency_max_bytes: 0,
+            two_shot_ll_max_bytes: None,
             one_shot_max_bytes: one_shot,
             two_shot_max_bytes: None,
         };

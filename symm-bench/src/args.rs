@@ -157,7 +157,7 @@ pub struct Args {
           default_value = "bf16,f32", value_parser = parse_dtype)]
     pub dtypes: Vec<DType>,
 
-    /// Algorithms: low_latency (sizes up to 32 KiB), one_shot, two_shot, auto (the library's size-based choice), symmetric
+    /// Algorithms: low_latency (up to the low-latency limit), one_shot, two_shot, auto (the library's size-based choice), symmetric
     /// (zero-copy in place on the communicator's buffers), pool (zero-copy in place on a pool
     /// buffer from alloc_symmetric), nccl, nccl_symm (NCCL on pool buffers registered as NCCL
     /// symmetric windows).

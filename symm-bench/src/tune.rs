@@ -121,6 +121,8 @@ pub struct Point {
     pub low_latency: Option<f64>,
     pub one_shot: Option<f64>,
     pub two_shot: Option<f64>,
+    /// The two-shot row again where it ran over the low-latency lines (kernel `two_shot_ll`).
+    pub two_shot_ll: Option<f64>,
     pub nccl: Option<f64>,
     /// NCCL on pool buffers registered as symmetric windows.
     pub nccl_symm: Option<f64>,
@@ -184,6 +186,9 @@ fn min_of(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Found {
     pub low_latency_max: usize,
+    /// The two-shot over the low-latency lines ahead of the one-shot above
+    /// `low_latency_max` up to this (`None`: the one-shot there).
+    pub two_shot_ll_max: Option<usize>,
     pub one_shot_max: usize,
     /// `None`: NCCL not measured, or two-shot wins at every size measured.
     pub two_shot_max: Option<usize>,
@@ -241,6 +246,23 @@ pub fn crossovers(points: &[Point], noise: f64) -> Option<Found> {
             s
         }
     };
+    // Within the one-shot's range, the band where the two-shot over the low-latency lines
+    // beats it: it runs only where a shard fits the lines, so its sizes start right above
+    // the low-latency range and the split is the band's top.
+    let band: Vec<_> = pairs(&|p| Some((p.two_shot_ll?, p.one_shot?)), low_latency_max)
+        .into_iter()
+        .filter(|&(size, ..)| size <= one_shot_max)
+        .collect();
+    let two_shot_ll_max = match best_split(&band, noise) {
+        Split::Unmeasured | Split::Never => None,
+        Split::At(s) | Split::Throughout(s) => {
+            notes.push(format!(
+                "the two-shot over the low-latency lines beat the one-shot above the low-latency range up to {}",
+                format_size(s)
+            ));
+            Some(s)
+        }
+    };
     let ts = pairs(&|p| Some((p.two_shot?, p.nccl?)), one_shot_max);
     let two_shot_max = match best_split(&ts, noise) {
         Split::Unmeasured | Split::Throughout(_) => None,
@@ -275,6 +297,7 @@ pub fn crossovers(points: &[Point], noise: f64) -> Option<Found> {
     };
     Some(Found {
         low_latency_max,
+        two_shot_ll_max,
         one_shot_max,
         two_shot_max,
         nccl_symm_above,
@@ -302,7 +325,12 @@ pub fn points(rows: &[Row], dtype: DType, world: usize) -> Vec<Point> {
         let slot = match r.algo.as_str() {
             "low_latency" => &mut pts[i].low_latency,
             "one_shot" => &mut pts[i].one_shot,
-            "two_shot" => &mut pts[i].two_shot,
+            "two_shot" => {
+                if r.kernel == "two_shot_ll" {
+                    pts[i].two_shot_ll = Some(r.time_us);
+                }
+                &mut pts[i].two_shot
+            }
             "nccl" => &mut pts[i].nccl,
             "nccl_symm" => &mut pts[i].nccl_symm,
             _ => continue,
@@ -387,6 +415,7 @@ pub fn table_from_rows(
                     dtype,
                     world,
                     low_latency_max_bytes: f.low_latency_max,
+                    two_shot_ll_max_bytes: f.two_shot_ll_max,
                     one_shot_max_bytes: f.one_shot_max,
                     two_shot_max_bytes: f.two_shot_max,
                 });
@@ -422,22 +451,32 @@ pub fn summary(table: &TuningTable, notes: &[String]) -> String {
         NOISE * 100.0
     );
     s += &format!(
-        "# {:<5} {:>5}  {:>13} {:>11} {:>11}   | published: {:>13} {:>11}\n",
-        "dtype", "world", "low_latency<=", "one_shot<=", "two_shot<=", "low_latency<=", "one_shot<="
+        "# {:<5} {:>5}  {:>13} {:>13} {:>11} {:>11}   | published: {:>13} {:>11}\n",
+        "dtype",
+        "world",
+        "low_latency<=",
+        "two_shot_ll<=",
+        "one_shot<=",
+        "two_shot<=",
+        "low_latency<=",
+        "one_shot<="
     );
     let published = Config::default();
     for e in table.entries() {
         s += &format!(
-            "  {:<5} {:>5}  {:>13} {:>11} {:>11}   | {:>24} {:>11}\n",
+            "  {:<5} {:>5}  {:>13} {:>13} {:>11} {:>11}   | {:>24} {:>11}\n",
             e.dtype.name(),
             e.world,
             format_size(e.low_latency_max_bytes),
+            e.two_shot_ll_max_bytes
+                .map_or_else(|| "-".to_string(), format_size),
             format_size(e.one_shot_max_bytes),
             e.two_shot_max_bytes.map_or_else(|| "-".to_string(), format_size),
             format_size(published.low_latency_limit(e.world)),
             format_size(published.one_shot_limit(e.dtype, e.world)),
         );
     }
+    s += "# two_shot_ll<= '-': no band where the two-shot over the low-latency lines beats the one-shot\n";
     s += "# two_shot<= '-': two-shot up to the capacity (NCCL not measured, or never faster)\n";
     if !table.fused_entries().is_empty() {
         s += "# Fused all-reduce + residual + RMSNorm: the largest token count of the fused one-shot (two-shot above)\n";
@@ -984,6 +1023,44 @@ mod tests {
     }
 
     #[test]
+    fn a_two_shot_band_over_the_low_latency_lines_is_found_within_the_one_shot_range() {
+        // Four ranks as measured on one H100: above the low-latency range the two-shot runs
+        // over the low-latency lines (where a shard fits them) and beats the one-shot at 384
+        // and 512 KiB, the one-shot wins from 768 KiB, the barrier two-shot far above.
+        let mut rows = Vec::new();
+        for (size, ll, os, ts, ts_kernel) in [
+            (128 * KIB, 5.33, 5.88, 6.77, "two_shot_ll"),
+            (256 * KIB, 6.20, 6.45, 6.99, "two_shot_ll"),
+            (384 * KIB, 9.00, 7.96, 7.30, "two_shot_ll"),
+            (512 * KIB, 9.50, 8.25, 7.74, "two_shot_ll"),
+            (768 * KIB, 11.0, 9.54, 10.85, "two_shot"),
+            (MIB, 13.0, 10.04, 11.2, "two_shot"),
+            (4 * MIB, 40.0, 30.0, 20.0, "two_shot"),
+        ] {
+            rows.push(row("low_latency", 4, size, ll));
+            rows.push(row("one_shot", 4, size, os));
+            rows.push(Row {
+                kernel: ts_kernel.into(),
+                ..row("two_shot", 4, size, ts)
+            });
+        }
+        let f = crossovers(&points(&rows, DType::BF16, 4), NOISE).unwrap();
+        assert_eq!(
+            (f.low_latency_max, f.two_shot_ll_max, f.one_shot_max),
+            (256 * KIB, Some(512 * KIB), MIB)
+        );
+        // The barrier two-shot's rows never open a band; nor does a two-shot slower than the
+        // one-shot.
+        for r in &mut rows {
+            if r.kernel == "two_shot_ll" && r.size_bytes > 256 * KIB {
+                r.time_us += 1.0;
+            }
+        }
+        let f = crossovers(&points(&rows, DType::BF16, 4), NOISE).unwrap();
+        assert_eq!((f.two_shot_ll_max, f.one_shot_max), (None, MIB));
+    }
+
+    #[test]
     fn one_noisy_size_does_not_move_a_crossover() {
         // At 16 KiB (index 8) one-shot looks 30% faster than low-latency once; the next size
         // reverses it, so low-latency keeps its range.
@@ -1037,6 +1114,7 @@ mod tests {
                 low_latency: Some(9.0),
                 one_shot: Some(8.0),
                 two_shot: Some(5.0),
+                two_shot_ll: None,
                 nccl: None,
                 nccl_symm: None,
             },
@@ -1045,6 +1123,7 @@ mod tests {
                 low_latency: None,
                 one_shot: Some(9.0),
                 two_shot: Some(5.0),
+                two_shot_ll: None,
                 nccl: None,
                 nccl_symm: None,
             },
@@ -1133,7 +1212,7 @@ mod tests {
         assert!(s.contains("NVIDIA H200 (driver 580.95.05, virtual ranks)"), "{s}");
         assert!(
             s.lines().any(|l| l.split_whitespace().collect::<Vec<_>>()
-                == ["bf16", "8", "48K", "192K", "4M", "|", "32K", "256K"]),
+                == ["bf16", "8", "48K", "-", "192K", "4M", "|", "32K", "256K"]),
             "{s}"
         );
     }
@@ -1151,8 +1230,10 @@ mod tests {
             col("size_bytes"),
             col("time_us"),
         );
-        // Rows written before the fused call was tuned have no `hidden` column.
+        // Rows written before the fused call was tuned have no `hidden` column; every
+        // results.csv has `kernel`.
         let h = header.iter().position(|h| *h == "hidden");
+        let k = col("kernel");
         let c = header.iter().position(|h| *h == "count");
         lines
             .map(|l| {
@@ -1165,7 +1246,7 @@ mod tests {
                         Mode::Eager
                     },
                     algo: f[a].into(),
-                    kernel: f[a].into(),
+                    kernel: f[k].into(),
                     world: f[w].parse().unwrap(),
                     size_bytes: f[s].parse().unwrap(),
                     time_us: f[t].parse().unwrap(),

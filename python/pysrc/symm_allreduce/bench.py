@@ -30,6 +30,11 @@ symm-bench times its rounds: the crate's call without Python's, in the same proc
 environment as the two before it); ``checked_host_us`` is the checked
 native call of tensors that are not plain torch tensors (``all_reduce`` of two descriptors made
 beforehand: their conversion, and the driver asked where each tensor's memory is).
+``py_minus_rust_us`` (median) and ``py_minus_rust_p90_us`` are Python's overhead over Rust
+measured in pairs: each timed round makes every rank's ``all_reduce(x, out)`` from Python and
+the same round from Rust back to back (alternating which goes first), and the columns are the
+median and 90th percentile of the rounds' differences per call. The separate means above
+each include whatever preemption their own rounds met; the pairs share it.
 
 ``--host-only`` needs no GPU and no torch: the per-call host work that does not touch the
 device (describing a duck-typed tensor, the native descriptor checks and argument
@@ -68,6 +73,8 @@ COLUMNS = (
     "native_host_us",
     "rust_host_us",
     "checked_host_us",
+    "py_minus_rust_us",
+    "py_minus_rust_p90_us",
 )
 
 #: All-reduces per graph in graph_amortised (symm-bench's default chain).
@@ -251,6 +258,35 @@ def _measure(
     return [t / ops for t in times], host / len(streams)
 
 
+def _paired_difference(
+    torch: Any, timer: _Timer, streams: list[Any], calls: Sequence[Callable[..., Any]], rust_round: Round
+) -> list[float]:
+    """Python's host µs per call minus Rust's, paired round by round: every timed round runs
+    the Python calls of every rank and the same calls from Rust back to back (which goes
+    first alternates), so the two see the same machine state and a preempted round shows up
+    as one outlier rather than as drift between two separate measurements."""
+    py_round = _eager_round(torch, streams, calls)
+    diffs: list[float] = []
+    flip = [False]
+
+    def round_() -> float:
+        flip[0] = not flip[0]
+        if flip[0]:
+            py, rust = py_round(), rust_round()
+        else:
+            rust = rust_round()
+            py = py_round()
+        diffs.append((py - rust) * 1e6 / len(streams))
+        return py + rust
+
+    per_sample = ROUNDS_PER_SAMPLE["eager"]
+    timer.time(-(-WARMUP["eager"] // per_sample), per_sample, round_)
+    diffs.clear()
+    timer.time(-(-ROUNDS["eager"] // per_sample), per_sample, round_)
+    torch.cuda.synchronize()
+    return diffs
+
+
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     import torch
 
@@ -306,6 +342,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             _, native_host = _measure(torch, timer, comms, streams, "eager", native_calls)
             _, rust_host = _measure(torch, timer, comms, streams, "eager", native_calls, rust_round)
             _, checked_host = _measure(torch, timer, comms, streams, "eager", checked_calls)
+            paired = _paired_difference(torch, timer, streams, py_calls, rust_round)
             for mode in args.modes:
                 times, _ = _measure(torch, timer, comms, streams, mode, py_calls)
                 t = statistics.median(times)
@@ -328,6 +365,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                         "native_host_us": native_host,
                         "rust_host_us": rust_host,
                         "checked_host_us": checked_host,
+                        "py_minus_rust_us": statistics.median(paired),
+                        "py_minus_rust_p90_us": _percentile(paired, 0.9),
                     }
                 )
     finally:
