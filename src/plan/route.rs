@@ -426,9 +426,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_two_shot_runs_over_the_low_latency_lines_where_both_halves_of_a_shard_fit() {
-        let facts = |world| PathFacts {
+    /// A device with peer kernels and clusters, without NCCL or multicast.
+    fn peer_facts(world: usize) -> PathFacts<'static> {
+        PathFacts {
             world,
             limits: Limits {
                 one_shot_blocks: 32,
@@ -438,7 +438,12 @@ mod tests {
             nccl: Err("no NCCL"),
             multicast: Err("no multicast"),
             clusters: true,
-        };
+        }
+    }
+
+    #[test]
+    fn the_two_shot_runs_over_the_low_latency_lines_where_both_halves_of_a_shard_fit() {
+        let facts = peer_facts;
         let kernel = |len: usize, dtype: DType, world: usize, config: &Config, algo: Algorithm| match route(
             CallKind::Buffers,
             len,
@@ -568,17 +573,7 @@ mod tests {
 
     #[test]
     fn a_tuning_tables_two_shot_band_takes_the_low_latency_lines_ahead_of_the_one_shot() {
-        let facts = PathFacts {
-            world: 4,
-            limits: Limits {
-                one_shot_blocks: 32,
-                two_shot_blocks: 16,
-            },
-            peer_kernels: Ok(()),
-            nccl: Err("no NCCL"),
-            multicast: Err("no multicast"),
-            clusters: true,
-        };
+        let facts = peer_facts(4);
         let entry = crate::config::Crossovers {
             dtype: DType::BF16,
             world: 4,
