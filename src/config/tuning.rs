@@ -34,8 +34,7 @@
 //! docs/bench/h100-tune-v17): `Auto` takes that kernel above `low_latency` up to
 //! `two_shot_ll` wherever a shard's halves fit its lines ([`crate::Config::low_latency_limit`]
 //! and the world's published low-latency threshold), and the one-shot above it (and wherever
-//! they do not fit).
-//! It must lie between `low_latency` and `one_shot`.
+//! they do not fit). It must lie between `low_latency` and `one_shot`.
 //!
 //! `fused` holds the crossovers of the fused all-reduce + residual + RMSNorm call
 //! ([`crate::Communicator::all_reduce_add_rmsnorm`]): above the fused low-latency kernel's
