@@ -286,22 +286,18 @@ pub(crate) fn route(
 }
 
 /// Whether `Auto` sends a pool call of `bytes` through the buffer route: where the size rule
-/// takes the low-latency kernel (whatever the NCCL threshold), or the one-shot within the
-/// capacity and at most the NCCL threshold (`Config::thresholds`).
+/// takes the low-latency kernel (whatever the NCCL threshold), or the one-shot (or the tuning
+/// table's two-shot band, which lies within the one-shot's range and copies in as the one-shot
+/// does) within the capacity and at most the NCCL threshold (`Config::thresholds`).
 fn copies_in_first(bytes: usize, dtype: DType, config: &Config, requested: Algorithm, world: usize) -> bool {
     if requested != Algorithm::Auto || !matches!(config.algorithm, Algorithm::Auto | Algorithm::Multimem) {
         return false;
     }
+    let th = config.thresholds(dtype, world);
     match choose(bytes, dtype, world, config, Algorithm::Auto) {
         Algorithm::LowLatency => true,
-        // The one-shot, or the tuning table's two-shot band over the low-latency lines (which
-        // lies within the one-shot's range, and copies in as the one-shot does).
-        Algorithm::OneShot | Algorithm::TwoShot if bytes <= config.thresholds(dtype, world).one_shot_max => {
-            bytes <= config.capacity_bytes
-                && config
-                    .thresholds(dtype, world)
-                    .nccl_above
-                    .is_none_or(|l| bytes <= l)
+        Algorithm::OneShot | Algorithm::TwoShot if bytes <= th.one_shot_max => {
+            bytes <= config.capacity_bytes && th.nccl_above.is_none_or(|l| bytes <= l)
         }
         _ => false,
     }

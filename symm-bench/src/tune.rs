@@ -121,8 +121,8 @@ pub struct Point {
     pub low_latency: Option<f64>,
     pub one_shot: Option<f64>,
     pub two_shot: Option<f64>,
-    /// The two-shot row again where it ran over the low-latency lines (kernel `two_shot_ll`).
-    pub two_shot_ll: Option<f64>,
+    /// Whether the two-shot row ran over the low-latency lines (kernel `two_shot_ll`).
+    pub two_shot_ll: bool,
     pub nccl: Option<f64>,
     /// NCCL on pool buffers registered as symmetric windows.
     pub nccl_symm: Option<f64>,
@@ -249,10 +249,13 @@ pub fn crossovers(points: &[Point], noise: f64) -> Option<Found> {
     // Within the one-shot's range, the band where the two-shot over the low-latency lines
     // beats it: it runs only where a shard fits the lines, so its sizes start right above
     // the low-latency range and the split is the band's top.
-    let band: Vec<_> = pairs(&|p| Some((p.two_shot_ll?, p.one_shot?)), low_latency_max)
-        .into_iter()
-        .filter(|&(size, ..)| size <= one_shot_max)
-        .collect();
+    let band: Vec<_> = pairs(
+        &|p| Some((p.two_shot.filter(|_| p.two_shot_ll)?, p.one_shot?)),
+        low_latency_max,
+    )
+    .into_iter()
+    .filter(|&(size, ..)| size <= one_shot_max)
+    .collect();
     let two_shot_ll_max = match best_split(&band, noise) {
         Split::Unmeasured | Split::Never => None,
         Split::At(s) | Split::Throughout(s) => {
@@ -326,9 +329,7 @@ pub fn points(rows: &[Row], dtype: DType, world: usize) -> Vec<Point> {
             "low_latency" => &mut pts[i].low_latency,
             "one_shot" => &mut pts[i].one_shot,
             "two_shot" => {
-                if r.kernel == "two_shot_ll" {
-                    pts[i].two_shot_ll = Some(r.time_us);
-                }
+                pts[i].two_shot_ll = r.kernel == "two_shot_ll";
                 &mut pts[i].two_shot
             }
             "nccl" => &mut pts[i].nccl,
@@ -1114,7 +1115,7 @@ mod tests {
                 low_latency: Some(9.0),
                 one_shot: Some(8.0),
                 two_shot: Some(5.0),
-                two_shot_ll: None,
+                two_shot_ll: false,
                 nccl: None,
                 nccl_symm: None,
             },
@@ -1123,7 +1124,7 @@ mod tests {
                 low_latency: None,
                 one_shot: Some(9.0),
                 two_shot: Some(5.0),
-                two_shot_ll: None,
+                two_shot_ll: false,
                 nccl: None,
                 nccl_symm: None,
             },
