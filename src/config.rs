@@ -23,7 +23,7 @@ use crate::wire::{Reader, Writer};
 pub enum Algorithm {
     /// Chosen by size, the same way on every rank: the low-latency kernel up to the
     /// low-latency threshold ([`Config::low_latency_max_bytes`], else the tuning table's, else
-    /// 256 KiB for up to 4 ranks and 32 KiB above; the multimem low-latency kernel there when a
+    /// 256 KiB for up to 4 ranks and 64 KiB above; the multimem low-latency kernel there when a
     /// multicast object is set up),
     /// the one-shot up to the one-shot crossover ([`Config::one_shot_max_bytes`], else the
     /// tuning table's, else 2 MiB for 2 ranks, 512 KiB for 3 or 4 and 256 KiB above), the
@@ -38,9 +38,9 @@ pub enum Algorithm {
     OneShot,
     /// Reduce-scatter then all-gather, `2·(W-1)/W·S` bytes per rank: over the low-latency
     /// lines, without a barrier, where both halves of a shard (`2·⌈⌈S/16⌉/W⌉·16` bytes) fit
-    /// the low-latency limit ([`Config::low_latency_limit`]) and the published low-latency
-    /// threshold of the world (256 KiB up to four ranks, 32 KiB above: S up to 512 KiB at
-    /// W = 4, 128 KiB at W = 8), with two barriers above it (and for a lone rank).
+    /// the low-latency limit ([`Config::low_latency_limit`]) and the kernel's own bound (256
+    /// KiB up to four ranks, 32 KiB above: S up to 512 KiB at W = 4, 128 KiB at W = 8), with
+    /// two barriers above it (and for a lone rank).
     /// [`crate::Communicator::path`] names the kernel.
     TwoShot,
     /// One-shot without any barrier: every rank pushes its input into its slot of every
@@ -199,10 +199,10 @@ pub struct Config {
     pub shared_sm_percent: u32,
     /// `Auto` uses the barrier-free low-latency kernel up to this many bytes (inclusive;
     /// `Some(0)` turns it off). `None`: the tuning table's threshold for the call's dtype and
-    /// world, else the published one, 256 KiB for up to 4 ranks and 32 KiB above. Each rank
+    /// world, else the published one, 256 KiB for up to 4 ranks and 64 KiB above. Each rank
     /// reserves `3·W` slots of the power of two at least eight times
     /// [`Config::low_latency_limit`] (at least 64 KiB each): 12 MiB at W = 2, 24 MiB at
-    /// W = 4, 6 MiB at W = 8 with the published values.
+    /// W = 4, 12 MiB at W = 8 with the published values.
     pub low_latency_max_bytes: Option<usize>,
     /// Bound on every wait for a peer. Expiry poisons the communicator and surfaces as
     /// [`Error::PeerTimeout`].
@@ -368,18 +368,18 @@ const fn published_one_shot_max(world: usize) -> usize {
 }
 
 /// The published low-latency threshold (bytes, inclusive) for a world size: 256 KiB for up to
-/// four ranks, 32 KiB above. The low-latency kernel pushes the `(W-1)·S` bytes the one-shot
-/// reads, with no barrier, so it stays ahead while its polls are cheap: with virtual ranks on
-/// one H200 (the committed tuning rows, docs/tuning/h200-virtual-rows.csv) it beat the
-/// one-shot at W = 4 up to 256 KiB (bf16 64 KiB 3.51 vs 5.32 µs, 256 KiB 5.26 vs 5.93) and at
-/// W = 2 up to 128 KiB by 25–33 % and to 256 KiB by 0–3 %; at W = 8 only up to 32 KiB (48 KiB:
-/// 6.89 vs 6.34). One H100 agreed (docs/bench/h100-virtual-ll-v15: W = 4 bf16 128 KiB 5.32 µs
-/// against the one-shot's 5.77).
+/// four ranks, 64 KiB above. The low-latency kernel pushes the `(W-1)·S` bytes the one-shot
+/// reads, with no barrier, so it stays ahead while its polls are cheap. The committed tuning
+/// rows (docs/tuning/h100-virtual-rows.csv: one H100, virtual ranks, bf16, chain of 10) have
+/// it ahead of the one-shot at W = 4 up to 256 KiB (64 KiB 3.61 vs 5.89 µs, 256 KiB 5.72 vs
+/// 6.68), at W = 2 likewise (128 KiB 2.79 vs 3.86, 256 KiB 3.78 vs 4.03) and at W = 8, where it
+/// moves two words per thread, up to 64 KiB (48 KiB 5.53 vs 6.77, 64 KiB 5.80 vs 6.98); past
+/// 64 KiB it takes 16-byte lines and loses (96 KiB 7.48 vs 6.99, 128 KiB 9.19 vs 7.78).
 pub(crate) const fn published_low_latency_max(world: usize) -> usize {
     if world <= 4 {
         256 << 10
     } else {
-        32 << 10
+        64 << 10
     }
 }
 
@@ -844,7 +844,7 @@ mod tests {
         assert_eq!(tuning_disagreement(&[1, 2, 3], &a), None);
     }
 
-    /// A table with one entry, bf16 at W=8: low-latency up to 64 KiB, one-shot up to
+    /// A table with one entry, bf16 at W=8: low-latency up to 96 KiB, one-shot up to
     /// `one_shot`, two-shot up to 4 MiB, NCCL above.
     pub(crate) fn test_table(one_shot: usize) -> TuningTable {
         TuningTable::new(
@@ -859,7 +859,7 @@ mod tests {
             vec![Crossovers {
                 dtype: DType::BF16,
                 world: 8,
-                low_latency_max_bytes: 64 << 10,
+                low_latency_max_bytes: 96 << 10,
                 two_shot_ll_max_bytes: None,
                 one_shot_max_bytes: one_shot,
                 two_shot_max_bytes: Some(4 << 20),
@@ -874,18 +874,19 @@ mod tests {
         let th = published.thresholds(DType::BF16, 8);
         assert_eq!(
             (th.low_latency_max, th.one_shot_max, th.nccl_above, th.tuned),
-            (32 << 10, 256 << 10, None, false)
+            (64 << 10, 256 << 10, None, false)
         );
         assert_eq!(published.thresholds(DType::F32, 4).one_shot_max, 512 << 10);
         assert_eq!(published.one_shot_limit(DType::F16, 2), 2 << 20);
         assert_eq!(published.one_shot_limit(DType::F16, 3), 512 << 10);
-        // The low-latency threshold (and the slots) by world: 256 KiB up to 4 ranks.
+        // The low-latency threshold (and the slots) by world: 256 KiB up to 4 ranks, 64 KiB above.
         for (world, ll) in [
             (1, 256 << 10),
             (2, 256 << 10),
             (3, 256 << 10),
             (4, 256 << 10),
-            (5, 32 << 10),
+            (5, 64 << 10),
+            (8, 64 << 10),
         ] {
             assert_eq!(
                 published.thresholds(DType::F32, world).low_latency_max,
@@ -898,20 +899,20 @@ mod tests {
 
         let tuned = Config::default().with_tuning(test_table(1 << 20));
         // The slots grow to hold the table's low-latency threshold.
-        assert_eq!(tuned.low_latency_limit(8), 64 << 10);
-        assert_eq!(published.low_latency_limit(8), 32 << 10);
+        assert_eq!(tuned.low_latency_limit(8), 96 << 10);
+        assert_eq!(published.low_latency_limit(8), 64 << 10);
         assert_eq!(tuned.low_latency_limit(4), 256 << 10);
         let th = tuned.thresholds(DType::BF16, 8);
         assert_eq!(
             (th.low_latency_max, th.one_shot_max, th.nccl_above, th.tuned),
-            (64 << 10, 1 << 20, Some(4 << 20), true)
+            (96 << 10, 1 << 20, Some(4 << 20), true)
         );
         // Not in the table: the published values (other dtype, other world), the slots'
         // growth notwithstanding.
         let f16 = tuned.thresholds(DType::F16, 8);
         assert_eq!(
             (f16.low_latency_max, f16.one_shot_max, f16.nccl_above, f16.tuned),
-            (32 << 10, 256 << 10, None, false)
+            (64 << 10, 256 << 10, None, false)
         );
         assert_eq!(tuned.thresholds(DType::BF16, 4).one_shot_max, 512 << 10);
         // Explicit fields win over the table.
@@ -927,7 +928,7 @@ mod tests {
             (16 << 10, 100 << 10, Some(8 << 20))
         );
         // The slots still hold the table's threshold (a forced low-latency call may use it).
-        assert_eq!(explicit.low_latency_limit(8), 64 << 10);
+        assert_eq!(explicit.low_latency_limit(8), 96 << 10);
         // Larger configured slots stay; the capacity caps everything.
         let big = Config {
             low_latency_max_bytes: Some(1 << 20),
@@ -958,7 +959,7 @@ mod tests {
         let t = c.tuning.as_ref().unwrap();
         assert_eq!(t.origin(), Some(path.as_path()));
         assert_eq!(t.digest(), test_table(1 << 20).digest());
-        assert_eq!(c.low_latency_limit(8), 64 << 10);
+        assert_eq!(c.low_latency_limit(8), 96 << 10);
 
         // An explicit table wins; unset or empty changes nothing.
         let mut explicit = Config::default().with_tuning(test_table(2 << 20));
@@ -1009,7 +1010,7 @@ mod tests {
         let s = Config::default().tuning_summary(8);
         assert!(s.starts_with("tuning: published starting points"), "{s}");
         assert!(
-            s.contains("bf16 low-latency <= 32768, one-shot <= 262144, NCCL above capacity"),
+            s.contains("bf16 low-latency <= 65536, one-shot <= 262144, NCCL above capacity"),
             "{s}"
         );
         let t = test_table(1 << 20);
@@ -1020,11 +1021,11 @@ mod tests {
             "{s}"
         );
         assert!(
-            s.contains("bf16 low-latency <= 65536, one-shot <= 1048576, NCCL above 4194304 (table)"),
+            s.contains("bf16 low-latency <= 98304, one-shot <= 1048576, NCCL above 4194304 (table)"),
             "{s}"
         );
         assert!(
-            s.contains("f16 low-latency <= 32768, one-shot <= 262144, NCCL above capacity (not in the table: published)"),
+            s.contains("f16 low-latency <= 65536, one-shot <= 262144, NCCL above capacity (not in the table: published)"),
             "{s}"
         );
         // The fused call's split: the all-reduce's one-shot limit in bytes without fused

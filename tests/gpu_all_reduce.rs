@@ -30,7 +30,7 @@ const ALGOS: [Algorithm; 4] = [
 ];
 
 /// The low-latency kernel only takes messages that fit its slots (by default 256 KiB up to 4
-/// ranks, 32 KiB above): clamp the length when it is forced on `comm`'s group.
+/// ranks, 64 KiB above): clamp the length when it is forced on `comm`'s group.
 fn fit(comm: &Communicator, algo: Algorithm, dtype: DType, len: usize) -> usize {
     if algo == Algorithm::LowLatency {
         len.min(comm.config().low_latency_limit(comm.world_size()) / dtype.size())

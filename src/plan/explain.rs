@@ -112,7 +112,7 @@ pub(crate) fn explain(
     if let Target::Kernel(Kernel::TwoShotLowLatency, _) = route.target {
         reason += &format!(
             "; over the low-latency lines, no barrier (a shard's two halves fit {} bytes: the low-latency \
-             limit and the world's published low-latency threshold, whichever is smaller)",
+             limit and the kernel's own bound for the world, whichever is smaller)",
             two_shot_ll_bound(config.low_latency_limit(facts.world), facts.world)
         );
     }
@@ -567,7 +567,7 @@ mod tests {
                 vec![Crossovers {
                     dtype: DType::BF16,
                     world: 8,
-                    low_latency_max_bytes: 64 << 10,
+                    low_latency_max_bytes: 96 << 10,
                     two_shot_ll_max_bytes: None,
                     one_shot_max_bytes: 1 << 20,
                     two_shot_max_bytes: Some(4 << 20),
@@ -592,7 +592,7 @@ mod tests {
         };
         // (bytes, published choice, choice with the table): every size flips.
         for (bytes, before, after) in [
-            (48 << 10, Algorithm::OneShot, Algorithm::LowLatency),
+            (80 << 10, Algorithm::OneShot, Algorithm::LowLatency),
             (512 << 10, Algorithm::TwoShot, Algorithm::OneShot),
             (1 << 20, Algorithm::TwoShot, Algorithm::OneShot),
             (8 << 20, Algorithm::TwoShot, Algorithm::Nccl),
@@ -611,16 +611,16 @@ mod tests {
         }
         // At the thresholds themselves the lower algorithm still runs.
         assert_eq!(
-            algo(&tuned, 64 << 10, DType::BF16).algorithm,
+            algo(&tuned, 96 << 10, DType::BF16).algorithm,
             Algorithm::LowLatency
         );
         assert_eq!(
-            algo(&tuned, (64 << 10) + 2, DType::BF16).algorithm,
+            algo(&tuned, (96 << 10) + 2, DType::BF16).algorithm,
             Algorithm::OneShot
         );
         assert_eq!(algo(&tuned, 4 << 20, DType::BF16).algorithm, Algorithm::TwoShot);
         // Entries the table does not have keep the published rule: f16 at W=8, bf16 at W=4.
-        for bytes in [48 << 10, 512 << 10, 8 << 20] {
+        for bytes in [80 << 10, 512 << 10, 8 << 20] {
             assert_eq!(
                 algo(&tuned, bytes, DType::F16).algorithm,
                 algo(&published, bytes, DType::F16).algorithm

@@ -517,10 +517,10 @@ mod tests {
             "{}",
             d.reason
         );
-        // Up to the limit (2 rows of 8192 bf16 = 32 KiB), then the one-shot.
+        // Up to the limit (4 rows of 8192 bf16 = 64 KiB), then the one-shot.
         let route_of = |tokens, f| route_fused(tokens, 8192, DType::BF16, &c, Algorithm::Auto, f).unwrap();
-        assert_eq!(route_of(2, f).algorithm(), Algorithm::LowLatency);
-        assert_eq!(route_of(3, f).algorithm(), Algorithm::OneShot);
+        assert_eq!(route_of(4, f).algorithm(), Algorithm::LowLatency);
+        assert_eq!(route_of(5, f).algorithm(), Algorithm::OneShot);
         // Four blocks a rank (eight virtual ranks sharing 132 SMs): one cluster of four, so
         // one row; two rows would take turns on it, and the one-shot runs them side by side.
         let narrow = PathFacts {
@@ -641,19 +641,19 @@ mod tests {
         let d = explain_fused(&r, (7, 1024), Algorithm::LowLatency, &c, f);
         assert!(d.reason.contains("low-latency (no barrier)"), "{}", d.reason);
         assert!(matches!(
-            route_fused(3, 8192, DType::BF16, &c, Algorithm::LowLatency, f),
+            route_fused(5, 8192, DType::BF16, &c, Algorithm::LowLatency, f),
             Err(Error::ExceedsCapacity {
-                bytes: 49152,
-                capacity: 32768
+                bytes: 81920,
+                capacity: 65536
             })
         ));
         let configured = Config {
             algorithm: Algorithm::LowLatency,
             ..Config::default()
         };
-        let r = route_fused(2, 8192, DType::BF16, &configured, Algorithm::Auto, f).unwrap();
+        let r = route_fused(4, 8192, DType::BF16, &configured, Algorithm::Auto, f).unwrap();
         assert!(matches!(r.target, Target::Kernel(Kernel::FusedLowLatency, _)));
-        assert!(route_fused(3, 8192, DType::BF16, &configured, Algorithm::Auto, f).is_err());
+        assert!(route_fused(5, 8192, DType::BF16, &configured, Algorithm::Auto, f).is_err());
         // The multimem algorithms have no fused kernel: refused when asked for, the size rule
         // when configured.
         for mm in [
@@ -671,7 +671,7 @@ mod tests {
             };
             let r = route_fused(1, 8192, DType::BF16, &configured, Algorithm::Auto, f).unwrap();
             assert_eq!((r.algorithm(), r.rule), (Algorithm::LowLatency, Rule::Size));
-            let r = route_fused(4, 8192, DType::BF16, &configured, Algorithm::Auto, f).unwrap();
+            let r = route_fused(5, 8192, DType::BF16, &configured, Algorithm::Auto, f).unwrap();
             assert_eq!((r.algorithm(), r.rule), (Algorithm::OneShot, Rule::Size));
         }
         // The unfused kernel takes any grid.

@@ -148,11 +148,11 @@ mod tests {
         two_shot_blocks: 32,
     };
 
-    /// The committed tuning rows (docs/tuning/h200-virtual-rows.csv: W = 2, 4, 8 virtual ranks
-    /// on one H200, every dtype, 1 KiB – 32 MiB, chain of 10 in a graph): per (dtype, world,
+    /// The committed tuning rows (docs/tuning/h100-virtual-rows.csv: W = 2, 4, 8 virtual ranks
+    /// on one H100, every dtype, 1 KiB – 32 MiB, chain of 10 in a graph): per (dtype, world,
     /// size), the time of each of the crate's all-reduce kernels.
     fn committed_rows() -> std::collections::HashMap<(DType, usize, usize), Vec<(Algorithm, f64)>> {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/tuning/h200-virtual-rows.csv");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/tuning/h100-virtual-rows.csv");
         let text = std::fs::read_to_string(path).unwrap();
         let mut lines = text.lines();
         let header: Vec<&str> = lines.next().unwrap().split(',').collect();
@@ -211,7 +211,7 @@ mod tests {
     #[test]
     fn auto_is_within_5_percent_of_the_fastest_kernel_in_the_committed_measurements() {
         // With the table measured from these rows, at every size.
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/tuning/h200-virtual.json");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/tuning/h100-virtual.json");
         let tuned = Config::default().with_tuning_file(path).unwrap();
         assert_eq!(slower_than_fastest(&tuned, usize::MAX), Vec::<String>::new());
         // With the published thresholds, up to 256 KiB (the low-latency / one-shot choice:
@@ -249,13 +249,13 @@ mod tests {
     #[test]
     fn auto_uses_the_low_latency_kernel_for_small_messages() {
         let c = Config::default();
-        // The published thresholds: 256 KiB up to four ranks, 32 KiB above.
+        // The published thresholds: 256 KiB up to four ranks, 64 KiB above.
         for (world, max) in [
             (1, 256 << 10),
             (2, 256 << 10),
             (3, 256 << 10),
             (4, 256 << 10),
-            (8, 32 << 10),
+            (8, 64 << 10),
         ] {
             let len = max / 2;
             let at = plan_all_reduce(len, DType::BF16, world, WIDE, &c, Algorithm::Auto);

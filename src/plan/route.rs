@@ -3,7 +3,7 @@
 
 use super::grid::{choose, grid};
 use super::{algorithm_of, kernel_for, Limits, Plan};
-use crate::config::{published_low_latency_max, Algorithm, Config};
+use crate::config::{Algorithm, Config};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::registry::Kernel;
@@ -325,16 +325,19 @@ pub(crate) fn two_shot_ll_fits(bytes: usize, world: usize, ll_limit: usize) -> b
 /// The most bytes both halves of a shard of the two-shot over the low-latency lines may take
 /// at `world` ranks: the low-latency limit `ll_limit` (so its window is no larger than a
 /// low-latency call's, and the slots' rotation keeps differing calls apart the same way) and
-/// the published low-latency threshold of the world, whichever is smaller.
+/// the kernel's own measured bound, whichever is smaller: 256 KiB up to four ranks, 32 KiB
+/// above (W = 2 and 4 calls up to 256 and 512 KiB, W = 8 to 128 KiB).
 ///
-/// The published bound keeps the kernel where it was measured (W = 2 and 4 up to 256 and 512
-/// KiB, W = 8 to 128 KiB). A larger `ll_limit` (`low_latency_max_bytes`, or a tuning table's
-/// largest low-latency threshold, which sizes the slots of every world) carried it to shards
-/// a thread per line serves badly: one H100, eight virtual ranks, bf16, chain of 10, with the
-/// limit at 256 KiB, 384 KiB took 10.4 µs against the barrier kernel's 12.3, 512 KiB 12.9
-/// against 12.6, and 1 MiB 22.2 against 15.3 (docs/bench/h100-tune-v17).
+/// The bound is the kernel's own, not the low-latency threshold's. One H100, eight virtual
+/// ranks, bf16, chain of 10: with the bound at 256 KiB, 384 KiB took 10.4 µs against the
+/// barrier kernel's 12.3, 512 KiB 12.9 against 12.6 and 1 MiB 22.2 against 15.3
+/// (docs/bench/h100-tune-v17); with it at 64 KiB (W = 8 calls to 256 KiB) it beat the one-shot
+/// at 192–256 KiB but lost at 96–128 KiB (docs/bench/h100-ll64-v18): a band apart from the
+/// low-latency range, which a tuning table's `two_shot_ll` (a band right above that range)
+/// cannot hold, so `Auto` could not have taken it there anyway.
 pub(crate) fn two_shot_ll_bound(ll_limit: usize, world: usize) -> usize {
-    ll_limit.min(published_low_latency_max(world))
+    let own = if world <= 4 { 256 << 10 } else { 32 << 10 };
+    ll_limit.min(own)
 }
 
 /// The multimem kernel `Auto` runs instead of the size rule's peer `kernel`, if any: only with
@@ -456,7 +459,7 @@ mod tests {
         };
         let c = Config::default();
         for world in 2..=MAX_RANKS {
-            let limit = c.low_latency_limit(world);
+            let limit = two_shot_ll_bound(c.low_latency_limit(world), world);
             for dtype in DType::ALL {
                 // The largest message whose shard's two halves fit the limit, in whole lines,
                 // and one line more.

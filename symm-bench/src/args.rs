@@ -254,7 +254,7 @@ pub struct Args {
 
     /// `Config::low_latency_max_bytes`: the largest message `auto` sends to the low-latency
     /// kernel, and the largest `low_latency` runs (K/M suffixes). Default: the published
-    /// threshold of the world size (256 KiB up to 4 ranks, 32 KiB above).
+    /// threshold of the world size (256 KiB up to 4 ranks, 64 KiB above).
     #[arg(long = "low-latency-max", value_name = "BYTES", value_parser = parse_size)]
     pub low_latency_max: Option<usize>,
 
@@ -318,7 +318,7 @@ pub enum AlgoChoice {
     #[value(name = "two_shot", alias = "two-shot")]
     TwoShot,
     /// symm-allreduce low-latency one-shot (no barrier; messages up to the library's
-    /// low-latency limit, 32 KiB by default).
+    /// low-latency limit: by default 256 KiB up to 4 ranks, 64 KiB above).
     #[value(name = "low_latency", alias = "ll")]
     LowLatency,
     /// symm-allreduce, the library's own choice by size.
