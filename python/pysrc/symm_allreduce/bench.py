@@ -30,11 +30,15 @@ symm-bench times its rounds: the crate's call without Python's, in the same proc
 environment as the two before it); ``checked_host_us`` is the checked
 native call of tensors that are not plain torch tensors (``all_reduce`` of two descriptors made
 beforehand: their conversion, and the driver asked where each tensor's memory is).
+``harness_us`` is the timing's own cost per call in those rounds: an empty call in the place
+of ``all_reduce`` (the two clock reads around it and the call of a ``functools.partial``), which
+the Python and native columns include and the Rust round, timed inside Rust, does not.
 ``py_minus_rust_us`` (median) and ``py_minus_rust_p90_us`` are Python's overhead over Rust
-measured in pairs: each timed round makes every rank's ``all_reduce(x, out)`` from Python and
-the same round from Rust back to back (alternating which goes first), and the columns are the
-median and 90th percentile of the rounds' differences per call. The separate means above
-each include whatever preemption their own rounds met; the pairs share it.
+measured in pairs, the harness taken out: each timed round makes every rank's
+``all_reduce(x, out)`` from Python and the same round from Rust back to back (alternating which
+goes first), and the columns are the median and 90th percentile of the rounds' differences per
+call less ``harness_us``. The separate means above each include whatever preemption their own
+rounds met; the pairs share it.
 
 ``--host-only`` needs no GPU and no torch: the per-call host work that does not touch the
 device (describing a duck-typed tensor, the native descriptor checks and argument
@@ -73,6 +77,7 @@ COLUMNS = (
     "native_host_us",
     "rust_host_us",
     "checked_host_us",
+    "harness_us",
     "py_minus_rust_us",
     "py_minus_rust_p90_us",
 )
@@ -258,6 +263,17 @@ def _measure(
     return [t / ops for t in times], host / len(streams)
 
 
+def _noop(*_: Any) -> None:
+    """The empty call the harness is timed with."""
+
+
+def _harness_us(torch: Any, timer: _Timer, comms: list[Any], streams: list[Any]) -> float:
+    """Host µs per call of the eager rounds' own timing: an empty call (a ``functools.partial``
+    of two arguments, as the timed calls are) in the place of each rank's call."""
+    calls = [functools.partial(_noop, None, None) for _ in streams]
+    return _measure(torch, timer, comms, streams, "eager", calls)[1]
+
+
 def _paired_difference(
     torch: Any, timer: _Timer, streams: list[Any], calls: Sequence[Callable[..., Any]], rust_round: Round
 ) -> list[float]:
@@ -301,15 +317,19 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     timer = _Timer(torch, streams)
     rows = []
     try:
+        harness = _harness_us(torch, timer, comms, streams)
         for size in sizes:
             n = max(1, size // elem)
             bufs = [
                 [torch.zeros(n, dtype=dtype, device=f"cuda:{args.device}") for _ in range(2)] for _ in comms
             ]
             torch.cuda.synchronize()
-            # The same input into the same output on every call (symm-bench's buffers).
+            # The same input into the same output on every call (symm-bench's buffers), called
+            # as a stack calls it (no keyword for the default algorithm).
             py_calls = [
-                (lambda c=c, x=x, y=y: c.all_reduce(x, y, algorithm=args.algo))
+                functools.partial(c.all_reduce, x, y)
+                if args.algo == "auto"
+                else functools.partial(c.all_reduce, x, y, algorithm=args.algo)
                 for c, (x, y) in zip(comms, bufs)
             ]
             native_calls = []
@@ -318,9 +338,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 d_in, d_out, handle = describe(x), describe(y), int(s.cuda_stream)
                 # The integers the hot path passes (d_in[0], d_out[0]: the tensors' addresses).
                 native_calls.append(
-                    lambda nat=c._native, i=d_in[0], o=d_out[0], m=n, h=handle: nat.all_reduce_ptr(
-                        i, m, o, m, kind, h, algo
-                    )
+                    functools.partial(c._native.all_reduce_ptr, d_in[0], n, d_out[0], n, kind, handle, algo)
                 )
                 checked_calls.append(
                     lambda n=c._native, i=d_in, o=d_out, h=handle: n.all_reduce(i, o, h, args.algo)
@@ -363,8 +381,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                         "native_host_us": native_host,
                         "rust_host_us": rust_host,
                         "checked_host_us": checked_host,
-                        "py_minus_rust_us": statistics.median(paired),
-                        "py_minus_rust_p90_us": _percentile(paired, 0.9),
+                        "harness_us": harness,
+                        "py_minus_rust_us": statistics.median(paired) - harness,
+                        "py_minus_rust_p90_us": _percentile(paired, 0.9) - harness,
                     }
                 )
     finally:
