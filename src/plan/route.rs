@@ -510,8 +510,8 @@ mod tests {
             Kernel::TwoShot
         );
         // A larger one (or a tuning table's, which sizes the slots of every world) does not
-        // carry it past the published threshold of the world: 128 KiB at W = 8, where the
-        // default limit put it, then the barrier kernel (bf16).
+        // carry it past the kernel's own bound: calls to 128 KiB at W = 8, then the barrier
+        // kernel (bf16).
         let large = Config {
             low_latency_max_bytes: Some(256 << 10),
             ..c.clone()
@@ -552,7 +552,7 @@ mod tests {
             "{}",
             d.reason
         );
-        // It names the bound that decided, the smaller of the limit and the published value.
+        // It names the bound that decided, the smaller of the limit and the kernel's own.
         let d = crate::plan::explain::explain(
             &route(
                 CallKind::Buffers,
