@@ -38,7 +38,11 @@ measured in pairs, the harness taken out: each timed round makes every rank's
 ``all_reduce(x, out)`` from Python and the same round from Rust back to back (alternating which
 goes first), and the columns are the median and 90th percentile of the rounds' differences per
 call less ``harness_us``. The separate means above each include whatever preemption their own
-rounds met; the pairs share it.
+rounds met; the pairs share it. The Rust round makes its eight calls back to back, with the
+caches the first one warmed; ``py_minus_rust_interleaved_us`` pairs call by call instead: each
+rank's Python call and the same call timed from Rust (``time_ptr_round`` of that one rank)
+next to each other inside the round (which goes first alternates by round), so both run
+between the same switches of torch's current stream (median per call, less ``harness_us``).
 
 ``--host-only`` needs no GPU and no torch: the per-call host work that does not touch the
 device (describing a duck-typed tensor, the native descriptor checks and argument
@@ -80,6 +84,7 @@ COLUMNS = (
     "harness_us",
     "py_minus_rust_us",
     "py_minus_rust_p90_us",
+    "py_minus_rust_interleaved_us",
 )
 
 #: All-reduces per graph in graph_amortised (symm-bench's default chain).
@@ -301,6 +306,49 @@ def _paired_difference(
     return diffs
 
 
+def _interleaved_difference(
+    torch: Any,
+    timer: _Timer,
+    streams: list[Any],
+    calls: Sequence[Callable[..., Any]],
+    rust_calls: Sequence[Callable[[], float]],
+) -> list[float]:
+    """Python's host µs per call minus Rust's, paired call by call: in every timed round each
+    rank makes its Python call and the same call from Rust (``rust_calls[r]``, a one-rank
+    ``time_ptr_round``) next to each other on its stream, Python first in even rounds and Rust
+    first in odd ones (every rank in the same order, so the ranks' calls still match); the
+    round's difference is the mean over the ranks."""
+    perf = time.perf_counter
+    diffs: list[float] = []
+
+    def round_() -> float:
+        python_first = len(diffs) % 2 == 0
+        spent = diff = 0.0
+        for s, call, rust in zip(streams, calls, rust_calls):
+            with torch.cuda.stream(s):
+                if python_first:
+                    t0 = perf()
+                    call()
+                    py = perf() - t0
+                    r = rust()
+                else:
+                    r = rust()
+                    t0 = perf()
+                    call()
+                    py = perf() - t0
+            diff += py - r
+            spent += py + r
+        diffs.append(diff * 1e6 / len(streams))
+        return spent
+
+    per_sample = ROUNDS_PER_SAMPLE["eager"]
+    timer.time(-(-WARMUP["eager"] // per_sample), per_sample, round_)
+    diffs.clear()
+    timer.time(-(-ROUNDS["eager"] // per_sample), per_sample, round_)
+    torch.cuda.synchronize()
+    return diffs
+
+
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     import torch
 
@@ -338,7 +386,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 d_in, d_out, handle = describe(x), describe(y), int(s.cuda_stream)
                 # The integers the hot path passes (d_in[0], d_out[0]: the tensors' addresses).
                 native_calls.append(
-                    functools.partial(c._native.all_reduce_ptr, d_in[0], n, d_out[0], n, kind, handle, algo)
+                    functools.partial(c._live().all_reduce_ptr, d_in[0], n, d_out[0], n, kind, handle, algo)
                 )
                 checked_calls.append(
                     lambda n=c._native, i=d_in, o=d_out, h=handle: n.all_reduce(i, o, h, args.algo)
@@ -359,6 +407,20 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             _, rust_host = _measure(torch, timer, comms, streams, "eager", native_calls, rust_round)
             _, checked_host = _measure(torch, timer, comms, streams, "eager", checked_calls)
             paired = _paired_difference(torch, timer, streams, py_calls, rust_round)
+            rust_calls = [
+                functools.partial(
+                    _native.time_ptr_round,
+                    [c._live()],
+                    [x.data_ptr()],
+                    [y.data_ptr()],
+                    n,
+                    kind,
+                    [int(s.cuda_stream)],
+                    algo,
+                )
+                for c, s, (x, y) in zip(comms, streams, bufs)
+            ]
+            interleaved = _interleaved_difference(torch, timer, streams, py_calls, rust_calls)
             for mode in args.modes:
                 times, _ = _measure(torch, timer, comms, streams, mode, py_calls)
                 t = statistics.median(times)
@@ -384,6 +446,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                         "harness_us": harness,
                         "py_minus_rust_us": statistics.median(paired) - harness,
                         "py_minus_rust_p90_us": _percentile(paired, 0.9) - harness,
+                        "py_minus_rust_interleaved_us": statistics.median(interleaved) - harness,
                     }
                 )
     finally:
