@@ -279,6 +279,17 @@ def _harness_us(torch: Any, timer: _Timer, comms: list[Any], streams: list[Any])
     return _measure(torch, timer, comms, streams, "eager", calls)[1]
 
 
+def _timed_differences(torch: Any, timer: _Timer, round_: Round, diffs: list[float]) -> list[float]:
+    """Runs ``round_`` (which appends one difference per round to ``diffs``) for the eager
+    warm-up and then the timed rounds; returns the timed rounds' differences."""
+    per_sample = ROUNDS_PER_SAMPLE["eager"]
+    timer.time(-(-WARMUP["eager"] // per_sample), per_sample, round_)
+    diffs.clear()  # the timed rounds only (a chunk the gate retried counts its rounds again)
+    timer.time(-(-ROUNDS["eager"] // per_sample), per_sample, round_)
+    torch.cuda.synchronize()
+    return diffs
+
+
 def _paired_difference(
     torch: Any, timer: _Timer, streams: list[Any], calls: Sequence[Callable[..., Any]], rust_round: Round
 ) -> list[float]:
@@ -298,12 +309,7 @@ def _paired_difference(
         diffs.append((py - rust) * 1e6 / len(streams))
         return py + rust
 
-    per_sample = ROUNDS_PER_SAMPLE["eager"]
-    timer.time(-(-WARMUP["eager"] // per_sample), per_sample, round_)
-    diffs.clear()  # the timed rounds only (a chunk the gate retried counts its rounds again)
-    timer.time(-(-ROUNDS["eager"] // per_sample), per_sample, round_)
-    torch.cuda.synchronize()
-    return diffs
+    return _timed_differences(torch, timer, round_, diffs)
 
 
 def _interleaved_difference(
@@ -321,32 +327,28 @@ def _interleaved_difference(
     perf = time.perf_counter
     diffs: list[float] = []
 
+    def timed(call: Callable[..., Any]) -> float:
+        t0 = perf()
+        call()
+        return perf() - t0
+
     def round_() -> float:
         python_first = len(diffs) % 2 == 0
         spent = diff = 0.0
         for s, call, rust in zip(streams, calls, rust_calls):
             with torch.cuda.stream(s):
                 if python_first:
-                    t0 = perf()
-                    call()
-                    py = perf() - t0
+                    py = timed(call)
                     r = rust()
                 else:
                     r = rust()
-                    t0 = perf()
-                    call()
-                    py = perf() - t0
+                    py = timed(call)
             diff += py - r
             spent += py + r
         diffs.append(diff * 1e6 / len(streams))
         return spent
 
-    per_sample = ROUNDS_PER_SAMPLE["eager"]
-    timer.time(-(-WARMUP["eager"] // per_sample), per_sample, round_)
-    diffs.clear()
-    timer.time(-(-ROUNDS["eager"] // per_sample), per_sample, round_)
-    torch.cuda.synchronize()
-    return diffs
+    return _timed_differences(torch, timer, round_, diffs)
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
