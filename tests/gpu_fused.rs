@@ -442,6 +442,49 @@ fn edge_shapes_every_dtype_at_world_8(ctx: Arc<CudaContext>) {
     }
 }
 
+/// The fused low-latency kernel where a cluster takes several rows, one after another (forced
+/// `LowLatency`, W = 4, one, two and eight blocks a rank): clusters of one (16384-wide rows
+/// parked in `norm_out`: a block's share exceeds its shared memory), of up to two, and one
+/// cluster of eight. Every dtype, against the f64 reference and the unfused pair's bits.
+fn fused_low_latency_rows_share_clusters(ctx: Arc<CudaContext>) {
+    let mut seed = 1000;
+    for max_blocks_per_rank in [1, 2, 8] {
+        let (comms, streams) = group(
+            &ctx,
+            4,
+            Config {
+                max_blocks_per_rank,
+                ..config()
+            },
+        );
+        for dtype in DType::ALL {
+            for (tokens, hidden) in [
+                (1usize, 16384usize),
+                (5, 16384),
+                (9, 4096),
+                (3, 1024),
+                (2, 4096),
+                (3, 4096),
+                (24, 2048),
+                (13, 7168),
+            ] {
+                seed += 1;
+                dispatch(
+                    dtype,
+                    &comms,
+                    &streams,
+                    tokens,
+                    hidden,
+                    Algorithm::LowLatency,
+                    Algorithm::Auto,
+                    seed,
+                )
+                .unwrap();
+            }
+        }
+    }
+}
+
 /// Bad shapes and placements are refused with typed errors before anything runs: the
 /// residual and the output are untouched.
 fn bad_shapes_return_typed_errors_and_touch_nothing(ctx: Arc<CudaContext>) {
@@ -771,6 +814,7 @@ fn main() -> std::process::ExitCode {
         vec![
             gpu_test!(proptest_fused_against_f64_and_the_unfused_pair),
             gpu_test!(edge_shapes_every_dtype_at_world_8),
+            gpu_test!(fused_low_latency_rows_share_clusters),
             gpu_test!(bad_shapes_return_typed_errors_and_touch_nothing),
             gpu_test!(fused_graph_replays_100_times_world_8),
             gpu_tracked_test!(fused_graph_replays_100_times_world_2_event_tracking_on),
