@@ -414,29 +414,33 @@ fn proptest_fused_against_f64_and_the_unfused_pair(ctx: Arc<CudaContext>) {
 /// the full capacity.
 fn edge_shapes_every_dtype_at_world_8(ctx: Arc<CudaContext>) {
     let (comms, streams) = group(&ctx, 8, config());
-    let mut seed = 1;
+    let shapes = [
+        (1, 8192),
+        (1, 16384),
+        (1, 7168),
+        (3, 1024),
+        (512, 16384),
+        (512, 7168),
+    ];
+    let algos = [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::LowLatency];
+    every_dtype(&comms, &streams, &shapes, &algos, 1);
+}
+
+/// Every dtype × `shapes` (tokens, hidden) × fused `algos` against the f64 reference and the
+/// unfused pair (`Auto`), each case with its own seed from `first_seed` on.
+fn every_dtype(
+    comms: &[Communicator],
+    streams: &[Arc<CudaStream>],
+    shapes: &[(usize, usize)],
+    algos: &[Algorithm],
+    first_seed: u64,
+) {
+    let mut seed = first_seed;
     for dtype in DType::ALL {
-        for (tokens, hidden) in [
-            (1usize, 8192usize),
-            (1, 16384),
-            (1, 7168),
-            (3, 1024),
-            (512, 16384),
-            (512, 7168),
-        ] {
-            for algo in [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::LowLatency] {
+        for &(tokens, hidden) in shapes {
+            for &algo in algos {
                 seed += 1;
-                dispatch(
-                    dtype,
-                    &comms,
-                    &streams,
-                    tokens,
-                    hidden,
-                    algo,
-                    Algorithm::Auto,
-                    seed,
-                )
-                .unwrap();
+                dispatch(dtype, comms, streams, tokens, hidden, algo, Algorithm::Auto, seed).unwrap();
             }
         }
     }
@@ -447,7 +451,6 @@ fn edge_shapes_every_dtype_at_world_8(ctx: Arc<CudaContext>) {
 /// parked in `norm_out`: a block's share exceeds its shared memory), of up to two, and one
 /// cluster of eight. Every dtype, against the f64 reference and the unfused pair's bits.
 fn fused_low_latency_rows_share_clusters(ctx: Arc<CudaContext>) {
-    let mut seed = 1000;
     for max_blocks_per_rank in [1, 2, 8] {
         let (comms, streams) = group(
             &ctx,
@@ -457,31 +460,17 @@ fn fused_low_latency_rows_share_clusters(ctx: Arc<CudaContext>) {
                 ..config()
             },
         );
-        for dtype in DType::ALL {
-            for (tokens, hidden) in [
-                (1usize, 16384usize),
-                (5, 16384),
-                (9, 4096),
-                (3, 1024),
-                (2, 4096),
-                (3, 4096),
-                (24, 2048),
-                (13, 7168),
-            ] {
-                seed += 1;
-                dispatch(
-                    dtype,
-                    &comms,
-                    &streams,
-                    tokens,
-                    hidden,
-                    Algorithm::LowLatency,
-                    Algorithm::Auto,
-                    seed,
-                )
-                .unwrap();
-            }
-        }
+        let shapes = [
+            (1, 16384),
+            (5, 16384),
+            (9, 4096),
+            (3, 1024),
+            (2, 4096),
+            (3, 4096),
+            (24, 2048),
+            (13, 7168),
+        ];
+        every_dtype(&comms, &streams, &shapes, &[Algorithm::LowLatency], 1000);
     }
 }
 
