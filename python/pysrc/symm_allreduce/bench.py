@@ -42,7 +42,8 @@ rounds met; the pairs share it. The Rust round makes its eight calls back to bac
 caches the first one warmed; ``py_minus_rust_interleaved_us`` pairs call by call instead: each
 rank's Python call and the same call timed from Rust (``time_ptr_round`` of that one rank)
 next to each other inside the round (which goes first alternates by round), so both run
-between the same switches of torch's current stream (median per call, less ``harness_us``).
+between the same switches of torch's current stream (the median of the rounds' differences per
+call, less ``harness_us``).
 
 ``--host-only`` needs no GPU and no torch: the per-call host work that does not touch the
 device (describing a duck-typed tensor, the native descriptor checks and argument
@@ -351,6 +352,29 @@ def _interleaved_difference(
     return _timed_differences(torch, timer, round_, diffs)
 
 
+def _from_rust(
+    comms: Sequence[Any],
+    streams: Sequence[Any],
+    bufs: Sequence[Sequence[Any]],
+    ranks: Sequence[int],
+    n: int,
+    kind: int,
+    algo: int,
+) -> Callable[[], float]:
+    """The all-reduce of ``ranks`` (``bufs[r]``: input, output) timed from Rust: one call
+    enqueues them all and returns the host seconds they took (``_native.time_ptr_round``)."""
+    return functools.partial(
+        _native.time_ptr_round,
+        [comms[r]._live() for r in ranks],
+        [bufs[r][0].data_ptr() for r in ranks],
+        [bufs[r][1].data_ptr() for r in ranks],
+        n,
+        kind,
+        [int(streams[r].cuda_stream) for r in ranks],
+        algo,
+    )
+
+
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     import torch
 
@@ -393,35 +417,15 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 checked_calls.append(
                     lambda n=c._native, i=d_in, o=d_out, h=handle: n.all_reduce(i, o, h, args.algo)
                 )
-            # The same calls as native_calls, timed from Rust: one call enqueues the round.
-            rust_round = functools.partial(
-                _native.time_ptr_round,
-                [c._live() for c in comms],
-                [x.data_ptr() for x, _ in bufs],
-                [y.data_ptr() for _, y in bufs],
-                n,
-                kind,
-                [int(s.cuda_stream) for s in streams],
-                algo,
-            )
+            # The same calls as native_calls, timed from Rust: every rank's in one round, and
+            # one rank's at a time for the call-by-call pairing.
+            rust_round = _from_rust(comms, streams, bufs, range(len(comms)), n, kind, algo)
             _, py_host = _measure(torch, timer, comms, streams, "eager", py_calls)
             _, native_host = _measure(torch, timer, comms, streams, "eager", native_calls)
             _, rust_host = _measure(torch, timer, comms, streams, "eager", native_calls, rust_round)
             _, checked_host = _measure(torch, timer, comms, streams, "eager", checked_calls)
             paired = _paired_difference(torch, timer, streams, py_calls, rust_round)
-            rust_calls = [
-                functools.partial(
-                    _native.time_ptr_round,
-                    [c._live()],
-                    [x.data_ptr()],
-                    [y.data_ptr()],
-                    n,
-                    kind,
-                    [int(s.cuda_stream)],
-                    algo,
-                )
-                for c, s, (x, y) in zip(comms, streams, bufs)
-            ]
+            rust_calls = [_from_rust(comms, streams, bufs, [r], n, kind, algo) for r in range(len(comms))]
             interleaved = _interleaved_difference(torch, timer, streams, py_calls, rust_calls)
             for mode in args.modes:
                 times, _ = _measure(torch, timer, comms, streams, mode, py_calls)
