@@ -280,6 +280,10 @@ def test_bench_helpers_without_a_gpu():
     assert "4.25" in lines[1].split() and "bf16" in lines[1].split()
     with pytest.raises(SystemExit):
         bench.main(["--modes", "eager,fastest"])
+    # Pairs of rounds of the two orders: an order that reads 1 µs higher than the other
+    # shifts every pair by the same half, and an odd last round is dropped.
+    assert bench._order_balanced([3.0, 1.0, 3.5, 1.5, 9.0]) == [2.0, 2.5]
+    assert bench._order_balanced([]) == []
 
 
 def test_bench_host_only_without_a_gpu(capsys):

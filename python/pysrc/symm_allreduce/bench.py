@@ -36,14 +36,15 @@ the Python and native columns include and the Rust round, timed inside Rust, doe
 ``py_minus_rust_us`` (median) and ``py_minus_rust_p90_us`` are Python's overhead over Rust
 measured in pairs, the harness taken out: each timed round makes every rank's
 ``all_reduce(x, out)`` from Python and the same round from Rust back to back (alternating which
-goes first), and the columns are the median and 90th percentile of the rounds' differences per
-call less ``harness_us``. The separate means above each include whatever preemption their own
+goes first), and the columns are the median and 90th percentile, over consecutive pairs of
+rounds (one of each order, averaged: the side that runs second finds warm caches), of the
+differences per call less ``harness_us``. The separate means above each include whatever preemption their own
 rounds met; the pairs share it. The Rust round makes its eight calls back to back, with the
 caches the first one warmed; ``py_minus_rust_interleaved_us`` pairs call by call instead: each
 rank's Python call and the same call timed from Rust (``time_ptr_round`` of that one rank)
 next to each other inside the round (which goes first alternates by round), so both run
-between the same switches of torch's current stream (the median of the rounds' differences per
-call, less ``harness_us``).
+between the same switches of torch's current stream (the median over consecutive pairs of
+rounds, averaged as above, of the differences per call, less ``harness_us``).
 
 ``--host-only`` needs no GPU and no torch: the per-call host work that does not touch the
 device (describing a duck-typed tensor, the native descriptor checks and argument
@@ -281,14 +282,24 @@ def _harness_us(torch: Any, timer: _Timer, comms: list[Any], streams: list[Any])
 
 
 def _timed_differences(torch: Any, timer: _Timer, round_: Round, diffs: list[float]) -> list[float]:
-    """Runs ``round_`` (which appends one difference per round to ``diffs``) for the eager
-    warm-up and then the timed rounds; returns the timed rounds' differences."""
+    """Runs ``round_`` (which appends one difference per round to ``diffs``, the two sides'
+    order alternating with the count of ``diffs``) for the eager warm-up and then the timed
+    rounds; returns the timed rounds' differences averaged over consecutive pairs of rounds
+    (one of each order)."""
     per_sample = ROUNDS_PER_SAMPLE["eager"]
     timer.time(-(-WARMUP["eager"] // per_sample), per_sample, round_)
     diffs.clear()  # the timed rounds only (a chunk the gate retried counts its rounds again)
     timer.time(-(-ROUNDS["eager"] // per_sample), per_sample, round_)
     torch.cuda.synchronize()
-    return diffs
+    return _order_balanced(diffs)
+
+
+def _order_balanced(diffs: Sequence[float]) -> list[float]:
+    """The means of rounds 2k and 2k + 1 (an odd last round dropped). Whichever side of a pair
+    runs second finds the caches the first one warmed, so one order's differences sit above
+    the other's; a median over both orders would land anywhere between the two clusters, a
+    median over pairs does not."""
+    return [(diffs[i] + diffs[i + 1]) / 2 for i in range(0, len(diffs) - 1, 2)]
 
 
 def _paired_difference(
