@@ -44,6 +44,9 @@ use symm_allreduce::cudarc::driver::{
 use symm_allreduce::cudarc::nvrtc::compile_ptx;
 use symm_allreduce::{Algorithm, Communicator, Config, DType};
 
+/// Timed runs of `--steps` replays per variant (the median is reported).
+const ROUNDS: usize = 5;
+
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Tensor-parallel decode step: fused vs unfused all-reduce + RMSNorm vs compute only")]
 struct Args {
@@ -62,7 +65,7 @@ struct Args {
     /// Batch sizes (tokens per decode step), comma-separated, each 1..=64.
     #[arg(long, value_delimiter = ',', default_value = "1,32")]
     batch: Vec<usize>,
-    /// Timed steps per variant.
+    /// Timed steps per run; each variant's time is the median of 5 runs.
     #[arg(long, default_value_t = 200)]
     steps: usize,
     /// Untimed steps before each measurement.
@@ -496,14 +499,21 @@ fn rank_main(
             graph.launch().map_err(|e| e.to_string())?;
         }
         comm.synchronize(&r.stream).map_err(|e| e.to_string())?;
-        barrier.wait();
-        let t0 = Instant::now();
-        for _ in 0..args.steps {
-            graph.launch().map_err(|e| e.to_string())?;
+        // The median of `ROUNDS` timed runs of `--steps` replays: one run that met a stall
+        // (a preempted rank thread) does not become the variant's number.
+        let mut runs = Vec::with_capacity(ROUNDS);
+        for _ in 0..ROUNDS {
+            barrier.wait();
+            let t0 = Instant::now();
+            for _ in 0..args.steps {
+                graph.launch().map_err(|e| e.to_string())?;
+            }
+            comm.synchronize(&r.stream).map_err(|e| e.to_string())?;
+            barrier.wait();
+            runs.push(t0.elapsed().as_secs_f64() / args.steps as f64);
         }
-        comm.synchronize(&r.stream).map_err(|e| e.to_string())?;
-        barrier.wait();
-        times.push(t0.elapsed().as_secs_f64() / args.steps as f64);
+        runs.sort_by(f64::total_cmp);
+        times.push(runs[ROUNDS / 2]);
     }
     let x = r.stream.clone_dtoh(&r.normed).map_err(|e| e.to_string())?;
     if x.iter().any(|v| !v.to_f32().is_finite()) {
