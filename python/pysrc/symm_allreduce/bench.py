@@ -38,13 +38,13 @@ measured in pairs, the harness taken out: each timed round makes every rank's
 ``all_reduce(x, out)`` from Python and the same round from Rust back to back (alternating which
 goes first), and the columns are the median and 90th percentile, over consecutive pairs of
 rounds (one of each order, averaged: the side that runs second finds warm caches), of the
-differences per call less ``harness_us``. The separate means above each include whatever preemption their own
-rounds met; the pairs share it. The Rust round makes its eight calls back to back, with the
-caches the first one warmed; ``py_minus_rust_interleaved_us`` pairs call by call instead: each
-rank's Python call and the same call timed from Rust (``time_ptr_round`` of that one rank)
-next to each other inside the round (which goes first alternates by round), so both run
-between the same switches of torch's current stream (the median over consecutive pairs of
-rounds, averaged as above, of the differences per call, less ``harness_us``).
+differences per call less ``harness_us``. The separate means above each include whatever
+preemption their own rounds met; the pairs share it. The Rust round makes its eight calls back
+to back, with the caches the first one warmed; ``py_minus_rust_interleaved_us`` pairs call by
+call instead: each rank's Python call and the same call timed from Rust (``time_ptr_round`` of
+that one rank) next to each other inside the round (which goes first alternates by round), so
+both run between the same switches of torch's current stream (the median over consecutive
+pairs of rounds, averaged as above, of the differences per call, less ``harness_us``).
 
 ``--host-only`` needs no GPU and no torch: the per-call host work that does not touch the
 device (describing a duck-typed tensor, the native descriptor checks and argument
