@@ -296,9 +296,9 @@ def _timed_differences(torch: Any, timer: _Timer, round_: Round, diffs: list[flo
 
 def _order_balanced(diffs: Sequence[float]) -> list[float]:
     """The means of rounds 2k and 2k + 1 (an odd last round dropped). Whichever side of a pair
-    runs second finds the caches the first one warmed, so one order's differences sit above
-    the other's; a median over both orders would land anywhere between the two clusters, a
-    median over pairs does not."""
+    runs second finds the caches the first one warmed, so one order can read higher than the
+    other; where the two orders' differences sit apart, a median over single rounds lands
+    anywhere between them, a median over pairs does not."""
     return [(diffs[i] + diffs[i + 1]) / 2 for i in range(0, len(diffs) - 1, 2)]
 
 
