@@ -286,6 +286,41 @@ def test_bench_helpers_without_a_gpu():
     assert bench._order_balanced([]) == []
 
 
+def test_bench_pairs_rounds_of_both_orders():
+    """``_timed_differences`` alternates the order from the first timed round on and averages
+    each pair: a side that reads 1 µs a call dearer when it runs first leaves no trace."""
+    from symm_allreduce import bench
+
+    class Timer:
+        def time(self, samples, per_sample, round_):
+            for _ in range(samples * per_sample):
+                round_()
+            return [], 0.0
+
+    class Cuda:
+        @staticmethod
+        def synchronize():
+            pass
+
+    class Torch:
+        cuda = Cuda
+
+    orders = []
+
+    def pair(python_first):
+        orders.append(python_first)
+        # 4 ranks: Python 3 µs a call over Rust, plus 1 µs a call for whichever runs first.
+        return (4 * (3e-6 + (1e-6 if python_first else 0.0)), 4 * (0.0 if python_first else 1e-6))
+
+    diffs = bench._timed_differences(Torch, Timer(), pair, 4)
+    per_sample = bench.ROUNDS_PER_SAMPLE["eager"]
+    timed = -(-bench.ROUNDS["eager"] // per_sample) * per_sample
+    assert len(diffs) == timed // 2
+    assert orders[-timed] is True  # the timed rounds start with Python first
+    assert all(a != b for a, b in zip(orders[-timed:], orders[-timed + 1 :]))
+    assert diffs == pytest.approx([3.0] * len(diffs))
+
+
 def test_bench_host_only_without_a_gpu(capsys):
     from symm_allreduce import bench
 

@@ -281,11 +281,21 @@ def _harness_us(torch: Any, timer: _Timer, comms: list[Any], streams: list[Any])
     return _measure(torch, timer, comms, streams, "eager", calls)[1]
 
 
-def _timed_differences(torch: Any, timer: _Timer, round_: Round, diffs: list[float]) -> list[float]:
-    """Runs ``round_`` (which appends one difference per round to ``diffs``, the two sides'
-    order alternating with the count of ``diffs``) for the eager warm-up and then the timed
-    rounds; returns the timed rounds' differences averaged over consecutive pairs of rounds
-    (one of each order)."""
+def _timed_differences(
+    torch: Any, timer: _Timer, pair: Callable[[bool], tuple[float, float]], ranks: int
+) -> list[float]:
+    """Runs ``pair`` for the eager warm-up and then the timed rounds, Python first in even
+    rounds and Rust first in odd ones (``pair(python_first)`` makes one round and returns the
+    host seconds of its Python side and of its Rust side); returns the timed rounds'
+    differences in µs per call, averaged over consecutive pairs of rounds (one of each order:
+    :func:`_order_balanced`)."""
+    diffs: list[float] = []
+
+    def round_() -> float:
+        py, rust = pair(len(diffs) % 2 == 0)
+        diffs.append((py - rust) * 1e6 / ranks)
+        return py + rust
+
     per_sample = ROUNDS_PER_SAMPLE["eager"]
     timer.time(-(-WARMUP["eager"] // per_sample), per_sample, round_)
     diffs.clear()  # the timed rounds only (a chunk the gate retried counts its rounds again)
@@ -306,22 +316,19 @@ def _paired_difference(
     torch: Any, timer: _Timer, streams: list[Any], calls: Sequence[Callable[..., Any]], rust_round: Round
 ) -> list[float]:
     """Python's host µs per call minus Rust's, paired round by round: every timed round runs
-    the Python calls of every rank and the same calls from Rust back to back (which goes
-    first alternates), so the two see the same machine state and a preempted round shows up
-    as one outlier rather than as drift between two separate measurements."""
+    the Python calls of every rank and the same calls from Rust back to back, so the two see
+    the same machine state and a preempted round shows up as one outlier rather than as drift
+    between two separate measurements."""
     py_round = _eager_round(torch, streams, calls)
-    diffs: list[float] = []
 
-    def round_() -> float:
-        if len(diffs) % 2 == 0:
-            py, rust = py_round(), rust_round()
-        else:
-            rust = rust_round()
+    def pair(python_first: bool) -> tuple[float, float]:
+        if python_first:
             py = py_round()
-        diffs.append((py - rust) * 1e6 / len(streams))
-        return py + rust
+            return py, rust_round()
+        rust = rust_round()
+        return py_round(), rust
 
-    return _timed_differences(torch, timer, round_, diffs)
+    return _timed_differences(torch, timer, pair, len(streams))
 
 
 def _interleaved_difference(
@@ -333,34 +340,28 @@ def _interleaved_difference(
 ) -> list[float]:
     """Python's host µs per call minus Rust's, paired call by call: in every timed round each
     rank makes its Python call and the same call from Rust (``rust_calls[r]``, a one-rank
-    ``time_ptr_round``) next to each other on its stream, Python first in even rounds and Rust
-    first in odd ones (every rank in the same order, so the ranks' calls still match); the
-    round's difference is the mean over the ranks."""
+    ``time_ptr_round``) next to each other on its stream, every rank in the round's order (so
+    the ranks' calls still match)."""
     perf = time.perf_counter
-    diffs: list[float] = []
 
     def timed(call: Callable[..., Any]) -> float:
         t0 = perf()
         call()
         return perf() - t0
 
-    def round_() -> float:
-        python_first = len(diffs) % 2 == 0
-        spent = diff = 0.0
-        for s, call, rust in zip(streams, calls, rust_calls):
+    def pair(python_first: bool) -> tuple[float, float]:
+        py = rust = 0.0
+        for s, call, from_rust in zip(streams, calls, rust_calls):
             with torch.cuda.stream(s):
                 if python_first:
-                    py = timed(call)
-                    r = rust()
+                    py += timed(call)
+                    rust += from_rust()
                 else:
-                    r = rust()
-                    py = timed(call)
-            diff += py - r
-            spent += py + r
-        diffs.append(diff * 1e6 / len(streams))
-        return spent
+                    rust += from_rust()
+                    py += timed(call)
+        return py, rust
 
-    return _timed_differences(torch, timer, round_, diffs)
+    return _timed_differences(torch, timer, pair, len(streams))
 
 
 def _from_rust(
