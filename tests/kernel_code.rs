@@ -361,7 +361,7 @@ fn every_kernel_returns_at_once_on_a_refused_call() {
                     next.copied(),
                     Some(
                         "if (epoch == 0) return;"
-                            | "if (epoch == 0) return fused_ll_stand_down(red, cluster);"
+                            | "if (epoch == 0) return fused_ll_stand_down(failures, cluster);"
                     )
                 ),
                 "{}:{}: a kernel goes on after begin_call refused the call: {next:?}",

@@ -215,7 +215,7 @@ pub(crate) fn route_fused(
 
 /// The fused kernel of `Auto`'s size rule between ranks: the low-latency kernel up to the
 /// all-reduce's low-latency limit where rows spread over thread-block clusters and every row
-/// has a cluster of its own, the one-shot up to [`Config::fused_limit`] (one rank: always),
+/// has a cluster (or a block) of its own, the one-shot up to [`Config::fused_limit`] (one rank: always),
 /// the two-shot above.
 fn size_rule_kernel(
     tokens: usize,
@@ -226,9 +226,9 @@ fn size_rule_kernel(
 ) -> Kernel {
     let bytes = tokens.saturating_mul(hidden).saturating_mul(dtype.size());
     if facts.world > 1 && facts.clusters && bytes <= config.thresholds(dtype, facts.world).low_latency_max {
-        // Only where every row has a cluster of its own: a cluster takes its rows one after
-        // another, each a full wait and cluster barrier (8192 × 2 bf16 on one cluster of 4
-        // blocks: 12.3 µs, the one-shot 9.4).
+        // Only where every row has a cluster (or a block) of its own, which `fused_ll_plan`
+        // makes so where the block limit allows: a cluster takes its rows in turns (4096 × 8
+        // bf16 at W = 8 on a limit of 4 blocks, two rows a block: 11.6 µs, the one-shot 9.5).
         let plan = fused_ll_plan(tokens, hidden, dtype, facts);
         if plan.blocks as usize >= tokens * plan.cluster as usize {
             return Kernel::FusedLowLatency;
@@ -269,7 +269,10 @@ const TREE_THREADS: usize = THREADS_PER_BLOCK as usize;
 /// row's sum of squares keeps the one-block tree's bits (kernels/fused_norm.cuh). The cluster
 /// is as large as gives each thread about one word (blocks of at least 256 threads) and as
 /// the row's stripes of 512 packs (so a block's share fits its 8 KiB of shared memory), at
-/// most 8 and within the agreed block limit, and never so large that a block owns no pack.
+/// most 8 and within the agreed block limit, and never so large that a block owns no pack;
+/// where the rows outnumber such clusters, smaller ones (down to a block per row, as long as a
+/// block's share still fits its shared memory), so that each row gets its own where the limit
+/// allows (rows that share a cluster take turns).
 /// Without clusters (compute capability below 9.0) a row is one block.
 pub(crate) fn fused_ll_plan(tokens: usize, hidden: usize, dtype: DType, facts: PathFacts<'_>) -> Plan {
     let packs = hidden / dtype.per_pack();
@@ -284,6 +287,16 @@ pub(crate) fn fused_ll_plan(tokens: usize, hidden: usize, dtype: DType, facts: P
     let wanted = 1 << (words / 256).clamp(1, MAX_CLUSTER).ilog2();
     let mut cluster = wanted.max(stripes.next_power_of_two()).min(largest);
     while cluster > 1 && (cluster - 1) * TREE_THREADS / cluster >= packs {
+        cluster /= 2;
+    }
+    // Rows that outnumber the clusters the block limit allows: smaller clusters, down to a
+    // block per row, so that every cluster takes one row (or the fewest), but never so small
+    // that a block's share of a row leaves shared memory (more than `stripes` packs a virtual
+    // thread). Measured at W = 8 on a limit of 4 blocks (docs/bench/fused-ll-groups-v21):
+    // 8192 × 2 bf16 over two clusters of 2, 7.8 µs, against 8.0 on one cluster of 4 and 8.8
+    // for the one-shot; 8192 × 4 on a block per row, parked in `norm_out`, 11.2 against the
+    // one-shot's 9.0.
+    while cluster > 1 && tokens > cap / cluster && cluster / 2 >= stripes {
         cluster /= 2;
     }
     let local_words = TREE_THREADS / cluster * stripes * 4;
@@ -405,7 +418,12 @@ mod tests {
         assert_eq!(at(1, 4096, DType::BF16, f), (8, 8, 256));
         assert_eq!(at(1, 8192, DType::BF16, f), (8, 8, 512));
         assert_eq!(at(2, 8192, DType::BF16, f), (8, 16, 512));
-        assert_eq!(at(9, 8192, DType::BF16, f), (8, 32, 512)); // 4 clusters of the 32 blocks
+        // More rows than clusters of 8 in the 32 blocks: clusters of 2, a row each.
+        assert_eq!(at(9, 8192, DType::BF16, f), (2, 18, 512));
+        // Not below 2 blocks a row of 8192 bf16 (a block's share would leave shared memory):
+        // 16 clusters of 2, 4 rows each.
+        assert_eq!(at(64, 8192, DType::BF16, f), (2, 32, 512));
+        assert_eq!(at(64, 4096, DType::BF16, f), (1, 32, 512)); // a block per row, 2 rows each
         let no_clusters = PathFacts { clusters: false, ..f };
         assert_eq!(at(3, 8192, DType::BF16, no_clusters), (1, 3, 512));
         let narrow = PathFacts {
@@ -415,10 +433,11 @@ mod tests {
             },
             ..f
         };
-        assert_eq!(at(5, 16384, DType::F32, narrow), (4, 4, 512));
-        // Every shape: a power-of-two cluster of at most 8 (1 without clusters), whole
-        // clusters within the block limit, every block owning packs of the row, and a
-        // thread for each of its virtual threads.
+        assert_eq!(at(1, 16384, DType::F32, narrow), (4, 4, 512));
+        assert_eq!(at(5, 16384, DType::F32, narrow), (4, 4, 512)); // the rows take turns
+                                                                   // Every shape: a power-of-two cluster of at most 8 (1 without clusters), whole
+                                                                   // clusters within the block limit, every block owning packs of the row, and a
+                                                                   // thread for each of its virtual threads.
         for clusters in [true, false] {
             for cap in [1, 3, 4, 8, 32, 64] {
                 let facts = PathFacts {
@@ -441,7 +460,14 @@ mod tests {
                                 format!("{dtype} {tokens}x{hidden} cap {cap} clusters {clusters}: {p:?}");
                             assert!(c.is_power_of_two() && c <= if clusters { 8 } else { 1 }, "{what}");
                             assert!(b % c == 0 && b <= cap.max(c) && b / c <= tokens, "{what}");
+                            // Clusters shrink until every row has its own (down to a block),
+                            // while a block's share of a row fits its shared memory.
                             let packs = hidden / dtype.per_pack();
+                            let stripes = packs.div_ceil(512);
+                            assert!(
+                                c == 1 || b / c == tokens || c / 2 < stripes,
+                                "{what}: rows share clusters"
+                            );
                             assert!((c - 1) * 512 / c < packs, "{what}: the last block owns no pack");
                             assert!(t >= 512 / c && t <= 512 && t % 32 == 0, "{what}");
                             assert_eq!(p.algorithm, Algorithm::LowLatency);
@@ -521,8 +547,9 @@ mod tests {
         let route_of = |tokens, f| route_fused(tokens, 8192, DType::BF16, &c, Algorithm::Auto, f).unwrap();
         assert_eq!(route_of(4, f).algorithm(), Algorithm::LowLatency);
         assert_eq!(route_of(5, f).algorithm(), Algorithm::OneShot);
-        // Four blocks a rank (eight virtual ranks sharing 132 SMs): one cluster of four, so
-        // one row; two rows would take turns on it, and the one-shot runs them side by side.
+        // Four blocks a rank (eight virtual ranks sharing 132 SMs): one row over a cluster of
+        // four, two over two clusters of two; three or four would share them (a block's share
+        // of a row of 8192 bf16 past two blocks leaves shared memory): the one-shot.
         let narrow = PathFacts {
             limits: Limits {
                 one_shot_blocks: 4,
@@ -542,7 +569,23 @@ mod tests {
             unreachable!()
         };
         assert_eq!((p.blocks, p.cluster), (4, 4));
-        assert_eq!(route_of(2, narrow).algorithm(), Algorithm::OneShot);
+        let Target::Kernel(kernel, p) = route_of(2, narrow).target else {
+            panic!("NCCL")
+        };
+        assert_eq!((kernel, p.blocks, p.cluster), (Kernel::FusedLowLatency, 4, 2));
+        for tokens in [3, 4] {
+            assert_eq!(route_of(tokens, narrow).algorithm(), Algorithm::OneShot);
+        }
+        // A row of 4096 bf16 fits one block's shared memory: every row its own cluster or
+        // block, up to 4 rows.
+        for tokens in 1..=4 {
+            let r = route_fused(tokens, 4096, DType::BF16, &c, Algorithm::Auto, narrow).unwrap();
+            let Target::Kernel(kernel, p) = r.target else {
+                panic!("NCCL")
+            };
+            assert_eq!(kernel, Kernel::FusedLowLatency, "{tokens} rows");
+            assert_eq!(p.blocks as usize, tokens * p.cluster as usize, "{tokens} rows");
+        }
         // One rank, or a device without clusters: never the low-latency kernel.
         assert_eq!(route_of(1, facts(1, Ok(()))).algorithm(), Algorithm::OneShot);
         let no_clusters = PathFacts { clusters: false, ..f };
