@@ -434,10 +434,11 @@ mod tests {
             ..f
         };
         assert_eq!(at(1, 16384, DType::F32, narrow), (4, 4, 512));
-        assert_eq!(at(5, 16384, DType::F32, narrow), (4, 4, 512)); // the rows take turns
-                                                                   // Every shape: a power-of-two cluster of at most 8 (1 without clusters), whole
-                                                                   // clusters within the block limit, every block owning packs of the row, and a
-                                                                   // thread for each of its virtual threads.
+        // Five rows of 16384 f32 (8 stripes) cannot shrink below the cluster of 4: they take turns.
+        assert_eq!(at(5, 16384, DType::F32, narrow), (4, 4, 512));
+        // Every shape: a power-of-two cluster of at most 8 (1 without clusters), whole
+        // clusters within the block limit, every block owning packs of the row, and a
+        // thread for each of its virtual threads.
         for clusters in [true, false] {
             for cap in [1, 3, 4, 8, 32, 64] {
                 let facts = PathFacts {
