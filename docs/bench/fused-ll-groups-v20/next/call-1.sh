@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The next device call (prepared, not yet run): the landed tree's fused suite; the
+# The first device call of run v21 (docs/bench/fused-ll-groups-v21): the landed tree's fused suite; the
 # Python bench beside symm-bench (eager host time, pinned to two CPUs, two rounds); tp_decode of
 # the landed build beside the variants A-D of build-variants.sh; the variants' fused suites, D first.
 # Needs in .gpux: gpu.tar.xz (GPU_STAGE_PACK=1 bash scripts/gpu-stage.sh), variants.tar.xz
